@@ -1,0 +1,82 @@
+"""Saving and loading model checkpoints safely.
+
+A checkpoint is a plain dict of tensors, numbers and strings saved with ``torch.save``; loading uses
+``torch.load(weights_only=True)``, which refuses arbitrary pickled objects, so a checkpoint cannot run code.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .model import GPT, GPTConfig
+
+PACKAGE_CHECKPOINTS = Path(__file__).parent / "checkpoints"
+PRETRAINED = ("target", "draft")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, damaged, or does not fit the model it is loaded into."""
+
+
+def save_checkpoint(path: str | Path, model: GPT, **extra) -> None:
+    """Write ``{"config": ..., "model": state_dict, **extra}``; ``extra`` holds plain values (step, optimizer state)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save({"config": model.config.to_dict(), "model": model.state_dict(), **extra}, tmp)
+    tmp.replace(path)  # never leave a half-written checkpoint under the real name
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The raw checkpoint dict, with a one-line error for missing, truncated or foreign files."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several kinds for damaged zip archives and disallowed pickles
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot read checkpoint {path} (truncated, corrupt or not a minigpt "
+                              f"checkpoint): {first}") from None
+    if not isinstance(ckpt, dict) or "config" not in ckpt or "model" not in ckpt:
+        raise CheckpointError(f"{path} is not a minigpt checkpoint (expected keys 'config' and 'model')")
+    return ckpt
+
+
+def load_model(path: str | Path, device: str | torch.device | None = None) -> GPT:
+    """Build a :class:`GPT` from a checkpoint's config and load its weights (fp32, eval mode)."""
+    from .device import get_device
+    ckpt = read_checkpoint(path)
+    try:
+        model = GPT(GPTConfig(**ckpt["config"]))
+    except TypeError as e:
+        raise CheckpointError(f"{path} has an unknown model config: {e}") from None
+    state = ckpt["model"]
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(f"{path} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for name, t in state.items():
+        if t.shape != own[name].shape:
+            raise CheckpointError(f"{path} does not match its config: {name} has shape {tuple(t.shape)}, "
+                                  f"the model expects {tuple(own[name].shape)}")
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    return model.to(device or get_device()).eval()
+
+
+def load_pretrained(name: str = "target", device: str | torch.device | None = None) -> GPT:
+    """One of the models shipped with the package: ``"target"`` or ``"draft"``."""
+    if name not in PRETRAINED:
+        raise ValueError(f"unknown pretrained model {name!r}; choose one of {', '.join(PRETRAINED)}")
+    return load_model(PACKAGE_CHECKPOINTS / f"{name}.pt", device)
+
+
+def model_card() -> dict:
+    """The card of the shipped pair: data, training, validation loss, and measured acceptance and cost."""
+    path = PACKAGE_CHECKPOINTS / "card.json"
+    if not path.exists():
+        raise FileNotFoundError(f"model card {path} is missing")
+    return json.loads(path.read_text())

@@ -1,0 +1,128 @@
+"""Prompt lookup decoding: draft by copying from the text itself.
+
+When the continuation repeats something already in the prompt or the output (editing code, renaming a
+variable, quoting), the tokens that followed the last occurrence of the current suffix are a free draft: no
+draft model, no extra passes. We look for the longest n-gram (from ``max_ngram`` down to ``min_ngram``) that
+ends the sequence and occurred earlier, and propose the ``num_pred`` tokens that followed its most recent
+earlier occurrence. The target verifies them like any draft.
+
+Proposals are deterministic, so under sampling their proposal distribution q is one-hot: a candidate x is
+accepted with probability p(x), and a rejection resamples from p with x removed. That keeps sampling exact.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..cache import KVCache
+from ..model import GPT
+from ..sampling import SamplingConfig, make_generator
+from .chain import verify_chain
+from .plain import as_prompt, check_length, prefill
+from .stats import DecodeStats
+from .tree import verify_tree
+
+
+def ngram_matches(seq, n: int) -> list[int]:
+    """Start indices of earlier occurrences of the last ``n`` tokens of ``seq``, most recent first.
+
+    The suffix itself (which trivially matches) is excluded, and so is any occurrence with nothing after it."""
+    seq = np.asarray(seq)
+    if n < 1 or len(seq) <= n:
+        return []
+    suffix = seq[-n:]
+    windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # windows starting at 0 .. len-n-1
+    hits = np.nonzero((windows == suffix).all(axis=1))[0]
+    hits = hits[hits < len(seq) - n]  # exclude the suffix's own position
+    return hits[::-1].tolist()
+
+
+def find_candidates(seq, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1) -> list[int]:
+    """The tokens that followed the most recent earlier occurrence of the longest matching suffix n-gram."""
+    for n in range(max_ngram, min_ngram - 1, -1):
+        for start in ngram_matches(seq, n):
+            cont = list(seq[start + n:start + n + num_pred])
+            if cont:
+                return [int(t) for t in cont]
+    return []
+
+
+def find_candidate_tree(seq, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1, max_matches: int = 4):
+    """Several continuations (from up to ``max_matches`` earlier occurrences of the longest matching n-gram)
+    merged into a tree that shares common prefixes. Returns (tokens, parents) with the root = ``seq[-1]``."""
+    conts: list[list[int]] = []
+    for n in range(max_ngram, min_ngram - 1, -1):
+        for start in ngram_matches(seq, n):
+            cont = [int(t) for t in seq[start + n:start + n + num_pred]]
+            if cont and cont not in conts:
+                conts.append(cont)
+            if len(conts) == max_matches:
+                break
+        if conts:
+            break
+    tokens, parents, child = [int(seq[-1])], [-1], {}
+    for cont in conts:
+        node = 0
+        for tok in cont:
+            if (node, tok) not in child:
+                child[(node, tok)] = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+            node = child[(node, tok)]
+    return tokens, parents
+
+
+@torch.no_grad()
+def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3, num_pred: int = 8,
+                    min_ngram: int = 1, tree: bool = False, max_matches: int = 4, temperature: float = 0.0,
+                    top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                    eos_id: int | None = None, stats: DecodeStats | None = None) -> tuple[list[int], DecodeStats]:
+    """Speculative decoding with prompt-lookup drafts (a chain, or with ``tree=True`` a tree of several
+    matches); returns (new token ids, statistics). Without a match a round is a plain decoding step."""
+    cfg = SamplingConfig(temperature, top_k, top_p)
+    idx = as_prompt(prompt, target)
+    n_prompt = idx.shape[1]
+    check_length(target, n_prompt, max_new_tokens)
+    gen = make_generator(seed)
+    stats = stats if stats is not None else DecodeStats()
+    t0 = time.perf_counter()
+    cache = KVCache.for_model(target)
+    prefill(target, cache, idx)
+    stats.prefills += 1
+    seq = idx[0].tolist()
+    V = target.config.vocab_size
+    while len(seq) - n_prompt < max_new_tokens:
+        room = max_new_tokens - (len(seq) - n_prompt) - 1  # drafted tokens that can still be used
+        if tree:
+            tokens, parents = find_candidate_tree(seq, max_ngram, min(num_pred, room), min_ngram, max_matches)
+            tokens, parents = (tokens, parents) if room else (tokens[:1], parents[:1])
+            q = torch.nn.functional.one_hot(torch.tensor(tokens), V).float()
+            new, path = verify_tree(target, cache, tokens, parents, cfg, gen, q)
+            n_drafted, n_acc = len(tokens) - 1, len(path)
+            has_children = {p for p in parents if p >= 0}
+            tested = n_acc + (1 if (path[-1] if path else 0) in has_children else 0)
+        else:
+            drafted = find_candidates(seq, max_ngram, num_pred, min_ngram)[:room]
+            q = torch.nn.functional.one_hot(torch.tensor(drafted, dtype=torch.long), V).float()
+            new = verify_chain(target, cache, seq[-1], drafted, cfg, gen, q)
+            n_drafted, n_acc = len(drafted), len(new) - 1
+            cache.crop(len(seq) + n_acc - 1)
+            tested = min(n_acc + 1, n_drafted)
+        stats.target_passes += 1
+        stats.rounds += 1
+        stats.gammas.append(n_drafted)
+        stats.proposed += n_drafted
+        stats.tested += tested
+        stats.accepted += n_acc
+        seq.extend(new)
+        if eos_id is not None and eos_id in new:
+            break
+    out = seq[n_prompt:]
+    if eos_id is not None and eos_id in out:
+        out = out[:out.index(eos_id) + 1]
+    out = out[:max_new_tokens]
+    stats.new_tokens += len(out)
+    stats.wall_time += time.perf_counter() - t0
+    return out, stats

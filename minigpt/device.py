@@ -1,0 +1,47 @@
+"""Choosing where to run: CUDA, then Apple's MPS, then the CPU; ``MINIGPT_DEVICE`` overrides."""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+
+def get_device() -> torch.device:
+    """The best available device, or the one named by the environment variable ``MINIGPT_DEVICE``."""
+    name = os.environ.get("MINIGPT_DEVICE", "").strip()
+    if name:
+        try:
+            dev = torch.device(name)
+            torch.empty(1, device=dev)
+        except Exception:
+            raise ValueError(f"MINIGPT_DEVICE={name!r} is not a usable torch device here") from None
+        return dev
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued GPU work, so a timer measures the work and not just its launch."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def time_call(fn, device, warmup: int = 2, repeat: int = 7) -> list[float]:
+    """Run ``fn()`` ``warmup`` times untimed, then ``repeat`` times; return the seconds of each timed run."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return times

@@ -1,0 +1,189 @@
+"""A GPT-2-style transformer, written to be read top to bottom.
+
+The architecture is GPT-2's: token + learned position embeddings, a stack of pre-LayerNorm blocks
+(causal self-attention, then a GELU MLP, each wrapped in a residual connection), a final LayerNorm and an
+output projection that shares its weights with the token embedding. Parameter names follow GPT-2
+(``wte``, ``wpe``, ``c_attn``, ``c_proj``, ``c_fc``, ``ln_f``) so the weights map one to one onto other
+GPT-2 implementations.
+
+Two things go beyond a training-only GPT, because speculative decoding needs them:
+
+* ``forward`` returns logits at **every** position of the input, since verification scores all drafted
+  tokens in one pass, and can also return the final hidden states (Medusa heads read them);
+* new tokens may come with their own ``position_ids`` and an ``attn_mask`` among themselves, so a whole
+  flattened tree of candidates (each node seeing only the cached prefix and its own ancestors) is scored
+  in one pass. A :class:`~minigpt.cache.KVCache` holds the keys and values of earlier positions.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .cache import KVCache
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 4096
+    block_size: int = 256   # longest sequence (prompt + generated) the position table covers
+    n_layer: int = 6
+    n_head: int = 8
+    n_embd: int = 256
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.head_size = config.n_embd // config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads in one matmul
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        """x: (B, T, C). mask: None for plain causal attention, else a bool (T, S) matrix, True where a new
+        token may attend, over the S = cached + T keys. Returns (B, T, C)."""
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # (B, T, C) -> (B, n_head, T, head_size): each head attends independently
+        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, n_head, S, head_size), S = cached + T
+        p = self.dropout if self.training else 0.0
+        if mask is None:
+            # Without a cache this is ordinary causal attention; with a cache and a single new token,
+            # that token may see every key, so no mask is needed either.
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=(cache is None and T > 1))
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, n_head, T, hs) -> (B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # GPT-2 uses the tanh approximation of GELU; we keep it so converted weights behave identically.
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, mask=None, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), mask, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied input/output embeddings
+        self.apply(self._init_weights)
+        # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2 * n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count (the tied output matrix counted once); optionally without the embeddings."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+        return n
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.wte.weight.device
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None, return_hidden: bool = False):
+        """Score a batch of token sequences.
+
+        idx:          (B, T) token ids, appended after the ``cache`` contents if a cache is given.
+        position_ids: (T,) absolute positions of the new tokens; default ``cached, ..., cached + T - 1``.
+                      A flattened tree passes ``cached + depth``.
+        attn_mask:    (T, T) bool, True where new token i may attend to new token j; default causal.
+                      Every new token always sees the whole cache.
+        Returns logits (B, T, vocab_size) at every position, and the final hidden states (B, T, n_embd)
+        after ``ln_f`` when ``return_hidden`` is set.
+        """
+        if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
+            raise ValueError(f"idx must be a (batch, time) tensor of token ids, got shape {tuple(idx.shape)} "
+                             f"and dtype {idx.dtype}")
+        B, T = idx.shape
+        past = cache.length if cache is not None else 0
+        if cache is not None and cache.batch_size != B:
+            raise ValueError(f"cache holds batch size {cache.batch_size} but idx has batch size {B}")
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T, device=idx.device)
+        elif position_ids.shape != (T,):
+            raise ValueError(f"position_ids must have shape ({T},), got {tuple(position_ids.shape)}")
+        if T == 0 or int(position_ids.max()) >= self.config.block_size:
+            raise ValueError(f"sequence too long: positions up to {past + T - 1} but the model's context is "
+                             f"{self.config.block_size} tokens" if T else "idx holds no tokens")
+
+        mask = None
+        if attn_mask is not None:
+            if attn_mask.shape != (T, T) or attn_mask.dtype != torch.bool:
+                raise ValueError(f"attn_mask must be a bool ({T}, {T}) tensor, got {attn_mask.dtype} "
+                                 f"{tuple(attn_mask.shape)}")
+            mask = attn_mask
+        elif cache is not None and T > 1:
+            mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+        if mask is not None and past > 0:
+            # every new token sees every cached position: (T, past + T)
+            mask = torch.cat([torch.ones(T, past, dtype=torch.bool, device=idx.device), mask], dim=1)
+
+        x = self.transformer.wte(idx) + self.transformer.wpe(position_ids)  # (B, T, C)
+        x = self.transformer.drop(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, mask, cache, i)
+        if cache is not None:
+            cache.advance(T)
+        h = self.transformer.ln_f(x)
+        logits = self.lm_head(h)  # (B, T, vocab_size)
+        return (logits, h) if return_hidden else logits

@@ -1,0 +1,219 @@
+"""Train the course models on the standard-library corpus.
+
+    python -m minigpt.train --preset target --minutes 60          # train (or resume) the target
+    python -m minigpt.train --preset draft --teacher runs/target/ckpt.pt   # distil a draft from it
+    python -m minigpt.train --preset pair --minutes 60            # both at once (draft learns from the live target)
+
+A run keeps ``runs/<name>/ckpt.pt`` (weights, optimizer, step) and resumes from it when started again, so a
+long schedule can be spread over several sessions. ``--export`` writes the weights alone into the package.
+
+Distillation: the draft is trained to match the target's next-token distribution (soft cross-entropy on
+the target's probabilities) rather than the raw data. Speculative decoding accepts a drafted token when the
+target would have produced it, so imitating the target is exactly the draft's job.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .checkpoint import PACKAGE_CHECKPOINTS, load_model, read_checkpoint, save_checkpoint
+from .data import get_batch, load_tokens
+from .model import GPT, GPTConfig
+
+
+@dataclass
+class Preset:
+    config: GPTConfig
+    lr: float = 3e-3
+    batch_size: int = 32
+    block_size: int = 256
+    max_steps: int = 2000
+    warmup: int = 50
+
+
+PRESETS = {
+    # ~5.8M parameters: the model we speed up
+    "target": Preset(GPTConfig(n_layer=6, n_head=8, n_embd=256)),
+    # ~0.7M parameters, one thin layer: as few operations as possible, because on a CPU a tiny model's
+    # cost is mostly per-operation overhead, not arithmetic
+    "draft": Preset(GPTConfig(n_layer=1, n_head=4, n_embd=128)),
+    # a few seconds of training, for tests
+    "tiny": Preset(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64), batch_size=8, block_size=64,
+                   max_steps=20, warmup=2),
+}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def lr_at(step: int, p: Preset) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak at ``max_steps``."""
+    if step < p.warmup:
+        return p.lr * (step + 1) / p.warmup
+    frac = min(1.0, (step - p.warmup) / max(1, p.max_steps - p.warmup))
+    return p.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def make_optimizer(model: GPT, lr: float) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.dim() >= 2]      # matrices and embeddings
+    no_decay = [p for p in model.parameters() if p.dim() < 2]    # biases and LayerNorm gains
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95))
+
+
+class Run:
+    """One model being trained: its weights, optimizer, step count and history, saved under ``runs/<name>``."""
+
+    def __init__(self, name: str, preset: Preset, out: Path, fresh: bool):
+        self.name, self.preset, self.path = name, preset, out / name / "ckpt.pt"
+        self.model = GPT(preset.config)
+        self.opt = make_optimizer(self.model, preset.lr)
+        self.step, self.tokens, self.seconds, self.history = 0, 0, 0.0, []
+        if self.path.exists() and not fresh:
+            ck = read_checkpoint(self.path)
+            self.model.load_state_dict(ck["model"])
+            self.opt.load_state_dict(ck["optimizer"])
+            self.step, self.tokens, self.seconds = ck["step"], ck["tokens"], ck["seconds"]
+            self.history = json.loads(ck["history"])
+            print(f"[{name}] resumed at step {self.step}")
+
+    def save(self) -> None:
+        save_checkpoint(self.path, self.model, optimizer=self.opt.state_dict(), step=self.step, tokens=self.tokens,
+                        seconds=self.seconds, history=json.dumps(self.history))
+
+    def train_step(self, x, y, soft_targets: torch.Tensor | None = None) -> tuple[float, torch.Tensor]:
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step, self.preset)
+        logits = self.model(x)
+        if soft_targets is None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+        else:  # distillation: cross-entropy against the teacher's probabilities
+            loss = -(soft_targets * F.log_softmax(logits, -1)).sum(-1).mean()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.step += 1
+        self.tokens += x.numel()
+        return loss.item(), logits.detach()
+
+
+@torch.no_grad()
+def evaluate(model: GPT, val: np.ndarray, block_size: int, batches: int = 8, batch_size: int = 16) -> float:
+    """Mean next-token cross-entropy (nats/token) on fixed validation windows."""
+    model.eval()
+    g = torch.Generator().manual_seed(1234)
+    losses = []
+    for _ in range(batches):
+        x, y = get_batch(val, batch_size, block_size, g)
+        logits = model(x)
+        losses.append(F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1)).item())
+    model.train()
+    return float(np.mean(losses))
+
+
+def export(run: Run, val_loss: float, extra: dict | None = None) -> Path:
+    """Write the weights (no optimizer) and the training facts into the package's checkpoint folder."""
+    path = PACKAGE_CHECKPOINTS / f"{run.name}.pt"
+    info = dict(preset=run.name, steps=run.step, tokens_seen=run.tokens, train_seconds=round(run.seconds),
+                val_loss=round(val_loss, 4), params=run.model.num_params(), batch_size=run.preset.batch_size,
+                block_size=run.preset.block_size, peak_lr=run.preset.lr, **(extra or {}))
+    save_checkpoint(path, run.model, train_info=json.dumps(info))
+    return path
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="target", help=f"one of: {', '.join(PRESETS)}, pair")
+    ap.add_argument("--teacher", type=Path, help="checkpoint to distil from (draft preset)")
+    ap.add_argument("--minutes", type=float, default=None, help="stop after this much wall time (resumable)")
+    ap.add_argument("--max-steps", type=int, default=None, help="length of the schedule (overrides the preset)")
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--out", type=Path, default=Path("runs"))
+    ap.add_argument("--fresh", action="store_true", help="ignore an existing run and start over")
+    ap.add_argument("--export", action="store_true", help="copy the final weights into minigpt/checkpoints/")
+    ap.add_argument("--export-only", action="store_true", help="export the runs as they are, without training")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    try:
+        names = ["target", "draft"] if args.preset == "pair" else [args.preset]
+        presets = {n: get_preset(n) for n in names}
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    for p in presets.values():
+        if args.max_steps:
+            p.max_steps = args.max_steps
+    runs = [Run(n, p, args.out, args.fresh) for n, p in presets.items()]
+    teacher = load_model(args.teacher, "cpu") if args.teacher else None
+    if teacher is not None and len(runs) != 1:
+        sys.exit("error: --teacher goes with a single preset (use --preset pair to train both together)")
+    lead = runs[0]
+    train_data, val_data = load_tokens("train"), load_tokens("val")
+    g = torch.Generator().manual_seed(args.seed + lead.step)  # a resumed run sees new batches
+    t_start, budget = time.time(), (args.minutes * 60 if args.minutes else float("inf"))
+    bar = tqdm(total=lead.preset.max_steps, initial=lead.step, desc=args.preset, dynamic_ncols=True)
+    val = {r.name: float("nan") for r in runs}
+    if args.export_only:
+        budget = 0.0
+        args.export = True
+    while lead.step < lead.preset.max_steps and time.time() - t_start < budget:
+        t0 = time.time()
+        x, y = get_batch(train_data, lead.preset.batch_size, lead.preset.block_size, g)
+        soft = None
+        if teacher is not None:
+            with torch.no_grad():
+                soft = F.softmax(teacher(x), -1)
+        losses = {}
+        for r in runs:  # in a pair, the target goes first and the draft learns from its fresh logits
+            losses[r.name], logits = r.train_step(x, y, soft)
+            if args.preset == "pair" and r.name == "target":
+                soft = F.softmax(logits, -1)
+        for r in runs:
+            r.seconds += time.time() - t0
+        if lead.step % args.eval_every == 0 or lead.step == lead.preset.max_steps:
+            for r in runs:
+                val[r.name] = evaluate(r.model, val_data, r.preset.block_size)
+                r.history.append(dict(step=r.step, tokens=r.tokens, seconds=round(r.seconds),
+                                      train_loss=round(losses[r.name], 4), val_loss=round(val[r.name], 4)))
+                r.save()
+        bar.set_postfix({f"{n}_loss": f"{v:.3f}" for n, v in losses.items()} |
+                        {f"{n}_val": f"{v:.3f}" for n, v in val.items()})
+        bar.update(1)
+    bar.close()
+    for r in runs:
+        if args.export_only and r.history:  # the run's last validation, measured when it was saved
+            v = r.history[-1]["val_loss"]
+        else:
+            v = evaluate(r.model, val_data, r.preset.block_size)
+        if not args.export_only:
+            r.history.append(dict(step=r.step, tokens=r.tokens, seconds=round(r.seconds), val_loss=round(v, 4)))
+            r.save()
+        print(f"[{r.name}] step {r.step}, {r.tokens / 1e6:.1f}M tokens, {r.seconds / 60:.1f} min, val loss {v:.3f}")
+        if args.export:
+            hw = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+            extra = dict(hardware=hw, torch=torch.__version__, python=platform.python_version(),
+                         distilled_from=("target (trained together)" if args.preset == "pair" else
+                                         str(args.teacher) if args.teacher else None))
+            print(f"[{r.name}] exported to {export(r, v, extra)}")
+
+
+if __name__ == "__main__":
+    main()
