@@ -1,0 +1,12 @@
+"""Graded exercises: ``check(name, fn)`` grades a learner's function inside a notebook.
+
+    from minigpt.grading import check
+    check("attend_with_cache", attend_with_cache)   # one PASS/FAIL line per case, then "Score: x/y points"
+
+The exercises live in ``exercises/`` (generated from ``solutions/`` by ``python -m minigpt.grading.generate``);
+``python -m minigpt.grade PATH`` runs whole notebooks headless and prints a score table.
+"""
+from . import ex01, ex02, ex03  # noqa: F401  (importing registers the exercises' cases)
+from .core import EXERCISES, RESULTS, CaseResult, Mismatch, Result, check
+
+__all__ = ["check", "CaseResult", "EXERCISES", "Mismatch", "RESULTS", "Result"]
