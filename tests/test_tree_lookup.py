@@ -49,7 +49,7 @@ def test_verify_tree_compacts_cache_to_accepted_path():
     tokens, parents = [prefix[-1], w1, g1, w2, g2], [-1, 0, 0, 2, 2]
     cache = KVCache.for_model(model)
     model(torch.tensor([prefix[:-1]]), cache=cache)
-    new, path = verify_tree(model, cache, tokens, parents, SamplingConfig())
+    new, path, _ = verify_tree(model, cache, tokens, parents, SamplingConfig())
     assert path == [2, 4] and new[:2] == [g1, g2]
     assert cache.length == len(prefix) + len(path)
     # after compaction the next step's logits equal recomputation over prefix + accepted path + new token

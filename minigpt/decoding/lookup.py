@@ -99,7 +99,7 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
             tokens, parents = find_candidate_tree(seq, max_ngram, min(num_pred, room), min_ngram, max_matches)
             tokens, parents = (tokens, parents) if room else (tokens[:1], parents[:1])
             q = torch.nn.functional.one_hot(torch.tensor(tokens), V).float()
-            new, path = verify_tree(target, cache, tokens, parents, cfg, gen, q)
+            new, path, _ = verify_tree(target, cache, tokens, parents, cfg, gen, q)
             n_drafted, n_acc = len(tokens) - 1, len(path)
             has_children = {p for p in parents if p >= 0}
             tested = n_acc + (1 if (path[-1] if path else 0) in has_children else 0)

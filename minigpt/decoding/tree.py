@@ -66,14 +66,16 @@ def tree_from_paths(paths) -> list[int]:
 
 
 @torch.no_grad()
-def score_tree(model: GPT, cache: KVCache, tokens, parents) -> torch.Tensor:
-    """One pass of ``model`` over a flattened tree placed after the cache; returns logits (N, V).
+def score_tree(model: GPT, cache: KVCache, tokens, parents, return_hidden: bool = False):
+    """One pass of ``model`` over a flattened tree placed after the cache; returns logits (N, V), and the final
+    hidden states (N, C) too with ``return_hidden``.
 
     The cache grows by N; the caller crops or compacts it."""
     mask = tree_attention_mask(parents).to(model.device)
     pos = tree_position_ids(parents, cache.length).to(model.device)
     idx = torch.tensor([list(tokens)], device=model.device)
-    return model(idx, cache=cache, position_ids=pos, attn_mask=mask)[0]
+    out = model(idx, cache=cache, position_ids=pos, attn_mask=mask, return_hidden=return_hidden)
+    return (out[0][0], out[1][0]) if return_hidden else out[0]
 
 
 @torch.no_grad()
@@ -125,20 +127,24 @@ def draft_tree(draft: GPT, cache: KVCache, root: int, cfg: SamplingConfig, budge
 
 @torch.no_grad()
 def verify_tree(target: GPT, cache: KVCache, tokens, parents, cfg: SamplingConfig,
-                generator: torch.Generator | None = None, q: torch.Tensor | None = None) -> tuple[list[int], list[int]]:
+                generator: torch.Generator | None = None, q: torch.Tensor | None = None, accept=None):
     """Score the tree with the target in one pass, pick the accepted path, and compact the cache to it.
 
     Before: ``cache`` holds the sequence without its last token (the root). After: it holds the sequence plus
-    the accepted path, and the returned token is the new pending one.
-    Returns (accepted tokens after the root, followed by the final token), (accepted node indices)."""
+    the accepted path, and the returned token is the new pending one. ``accept`` replaces the acceptance rule
+    (a function of (tokens, parents, target logits) -> (path, token); Medusa's typical acceptance uses it).
+    Returns (accepted tokens after the root, followed by the final token), (accepted node indices), and the
+    target's final hidden state at the last accepted node (what Medusa heads read next)."""
     start = cache.length
-    logits = score_tree(target, cache, tokens, parents)
-    if cfg.greedy:
+    logits, hidden = score_tree(target, cache, tokens, parents, return_hidden=True)
+    if accept is not None:
+        path, last = accept(tokens, parents, logits)
+    elif cfg.greedy:
         path, last = accept_tree_greedy(tokens, parents, logits.argmax(-1).tolist())
     else:
         path, last = accept_tree_sampled(tokens, parents, q, cfg.probs(logits), generator)
     cache.compact(start, [0] + path)  # keep the root and the accepted nodes, contiguous
-    return [int(tokens[i]) for i in path] + [last], path
+    return [int(tokens[i]) for i in path] + [last], path, hidden[path[-1] if path else 0]
 
 
 @torch.no_grad()
@@ -167,7 +173,7 @@ def tree_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, budget: 
         depth = min(max_depth, max_new_tokens - (len(seq) - n_prompt) - 1)
         tokens, parents, q, passes = draft_tree(draft, dcache, seq[-1], cfg, budget, depth, branch, threshold, paths)
         stats.draft_passes += passes
-        new, path = verify_tree(target, tcache, tokens, parents, cfg, gen, q)
+        new, path, _ = verify_tree(target, tcache, tokens, parents, cfg, gen, q)
         stats.target_passes += 1
         stats.rounds += 1
         stats.gammas.append(len(tokens) - 1)
