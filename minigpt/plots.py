@@ -1,0 +1,178 @@
+"""Figures and widgets shared by the lessons, so notebooks call one line instead of pasting plotting code.
+
+Every plotting function draws into ``ax`` when one is given (so lessons can lay out several panels) and
+returns the axes it drew on. Matplotlib is imported lazily: importing :mod:`minigpt` never needs a display.
+
+* :func:`token_label`, :func:`show_tokens`  -- what tokens look like (whitespace made visible);
+* :func:`plot_distribution`                 -- bars of the most likely next tokens;
+* :func:`plot_lines`                        -- a measurement against a knob, one line per series;
+* :func:`heatmap`                           -- a matrix (attention weights, masks, acceptance tables);
+* :func:`explore`                           -- ``ipywidgets.interact`` with sliders that redraw on release.
+"""
+from __future__ import annotations
+
+import html
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+# How whitespace is shown in token labels: a space as a middle dot, control characters escaped.
+_VISIBLE = {" ": "\u00b7", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+# Alternating backgrounds for token boundaries in show_tokens.
+_COLOURS = ("#cfe8ff", "#ffe3b3", "#d7f5d0", "#f6d0e8", "#e6dcff")
+
+
+def _as_numpy(x) -> np.ndarray:
+    """A tensor, array or list -> a float numpy array on the CPU."""
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=float)
+
+
+def token_label(token_id: int, tokenizer) -> str:
+    """A readable label for one token: its text with spaces shown as ``·`` and newlines/tabs escaped.
+
+    Byte-level BPE tokens can be part of a multi-byte character; those bytes show as ``\\xNN``."""
+    raw = tokenizer.decode_single_token_bytes(int(token_id))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "".join(f"\\x{b:02x}" for b in raw)
+    return "".join(_VISIBLE.get(c, c) for c in text)
+
+
+def show_tokens(text: str, tokenizer, as_html: bool = True, max_tokens: int | None = None):
+    """Render ``text`` with its token boundaries visible.
+
+    ``as_html=True`` returns an ``IPython.display.HTML`` object (each token on its own coloured background;
+    displayed when it is the last expression of a cell); otherwise a plain string with tokens separated by
+    ``|``. Only the first ``max_tokens`` tokens are shown when given."""
+    ids = tokenizer.encode(text, allowed_special="all")
+    shown = ids if max_tokens is None else ids[:max_tokens]
+    labels = [token_label(t, tokenizer) for t in shown]
+    more = len(ids) - len(shown)
+    if not as_html:
+        return "|".join(labels) + (f"| ... (+{more} tokens)" if more else "")
+    from IPython.display import HTML
+    spans = []
+    for i, (tid, lab) in enumerate(zip(shown, labels)):
+        lab = html.escape(lab)
+        if lab.endswith("\\n"):
+            lab += "<br>"  # keep the line structure of code readable
+        spans.append(f'<span title="id {tid}" style="background:{_COLOURS[i % len(_COLOURS)]};'
+                     f'padding:1px 0;border-radius:2px">{lab}</span>')
+    tail = f'<span style="color:#888"> ... (+{more} tokens)</span>' if more else ""
+    return HTML('<div style="font-family:monospace;line-height:1.7;white-space:pre-wrap;color:#000">'
+                + "".join(spans) + tail + f'<div style="color:#888">{len(ids)} tokens, '
+                f'{len(text.encode("utf-8"))} bytes</div></div>')
+
+
+def plot_distribution(probs, tokenizer, top: int = 20, ax=None, ids: Sequence[int] | None = None,
+                      title: str | None = None, color: str = "C0"):
+    """Bar chart of a next-token distribution ``probs`` (V,): the ``top`` most likely tokens, or exactly the
+    tokens ``ids`` in that order (to compare several distributions over the same tokens)."""
+    import matplotlib.pyplot as plt
+    p = _as_numpy(probs).reshape(-1)
+    if ids is None:
+        ids = np.argsort(-p, kind="stable")[:top]
+    ids = [int(i) for i in ids]
+    ax = ax or plt.subplots(figsize=(max(4.0, 0.45 * len(ids)), 3))[1]
+    ax.bar(range(len(ids)), p[ids], color=color)
+    ax.set_xticks(range(len(ids)))
+    ax.set_xticklabels([token_label(i, tokenizer) for i in ids], rotation=90, fontsize=8)
+    ax.set_ylabel("probability")
+    ax.set_ylim(0, max(1e-9, float(p[ids].max())) * 1.1)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def plot_lines(xs: Sequence[float], series: Mapping[str, Sequence[float]], xlabel: str = "", ylabel: str = "",
+               title: str | None = None, logx: bool = False, logy: bool = False, ax=None,
+               bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None):
+    """One line (with markers) per entry of ``series`` = {name: ys}, all over the same ``xs``.
+
+    ``bands`` = {name: (low, high)} shades a spread around a series (e.g. min and max of repeated timings)."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.subplots(figsize=(5.5, 3.5))[1]
+    for i, (name, ys) in enumerate(series.items()):
+        ax.plot(xs, _as_numpy(ys), marker="o", ms=4, label=name, color=f"C{i}")
+        if bands and name in bands:
+            lo, hi = bands[name]
+            ax.fill_between(xs, _as_numpy(lo), _as_numpy(hi), alpha=0.2, color=f"C{i}")
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def heatmap(matrix, labels: Sequence[str] | None = None, ax=None, title: str | None = None,
+            xlabels: Sequence[str] | None = None, ylabels: Sequence[str] | None = None,
+            cmap: str = "viridis", annotate: bool = False, colorbar: bool = True, fmt: str = "{:.2f}"):
+    """Show a 2-D ``matrix`` (rows = queries/ys, columns = keys/xs). ``labels`` names both axes of a square
+    matrix; ``xlabels``/``ylabels`` override one axis. ``annotate`` writes each value in its cell."""
+    import matplotlib.pyplot as plt
+    m = _as_numpy(matrix)
+    if m.ndim != 2:
+        raise ValueError(f"heatmap needs a 2-D matrix, got shape {m.shape}")
+    ax = ax or plt.subplots(figsize=(min(9.0, 0.4 * m.shape[1] + 2), min(7.0, 0.4 * m.shape[0] + 1.2)))[1]
+    im = ax.imshow(m, cmap=cmap, aspect="auto")
+    xl, yl = xlabels if xlabels is not None else labels, ylabels if ylabels is not None else labels
+    if xl is not None:
+        ax.set_xticks(range(m.shape[1]))
+        ax.set_xticklabels(xl, rotation=90, fontsize=8)
+    if yl is not None:
+        ax.set_yticks(range(m.shape[0]))
+        ax.set_yticklabels(yl, fontsize=8)
+    if annotate:
+        mid = (np.nanmax(m) + np.nanmin(m)) / 2
+        for (r, c), v in np.ndenumerate(m):
+            ax.text(c, r, fmt.format(v), ha="center", va="center", fontsize=7,
+                    color="black" if v > mid else "white")
+    if colorbar:
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def explore(fn: Callable, **controls) -> None:
+    """``ipywidgets.interact(fn, **controls)`` whose sliders redraw only when released.
+
+    A control may be a tuple ``(min, max, step)`` (an ``IntSlider`` if all three are ints, else a
+    ``FloatSlider``; it starts at ``fn``'s default for that argument when that lies in range), a list of
+    choices (a ``Dropdown``), an ipywidgets widget, or a fixed value. Works with ipywidgets 7 and 8.
+    Lessons call ``fn`` once with fixed values as well, so the static notebook shows the same figure.
+    Returns None (``interact`` displays the widgets itself; its return value would print a function repr)."""
+    import ipywidgets as w
+    defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    made = {}
+    for name, c in controls.items():
+        if isinstance(c, tuple) and len(c) == 3:
+            lo, hi, step = c
+            start = defaults.get(name, lo)
+            start = start if isinstance(start, (int, float)) and lo <= start <= hi else lo
+            if all(isinstance(v, int) for v in c):
+                made[name] = w.IntSlider(value=int(start), min=lo, max=hi, step=step, description=name,
+                                         continuous_update=False)
+            else:
+                made[name] = w.FloatSlider(value=float(start), min=lo, max=hi, step=step, description=name,
+                                           continuous_update=False)
+        elif isinstance(c, list):
+            start = defaults.get(name, c[0])
+            made[name] = w.Dropdown(options=c, value=start if start in c else c[0], description=name)
+        elif isinstance(c, w.Widget):
+            made[name] = c
+        else:
+            made[name] = w.fixed(c)
+    w.interact(fn, **made)
