@@ -162,9 +162,13 @@ class GPT(nn.Module):
             position_ids = torch.arange(past, past + T, device=idx.device)
         elif position_ids.shape != (T,):
             raise ValueError(f"position_ids must have shape ({T},), got {tuple(position_ids.shape)}")
-        if T == 0 or int(position_ids.max()) >= self.config.block_size:
-            raise ValueError(f"sequence too long: positions up to {past + T - 1} but the model's context is "
-                             f"{self.config.block_size} tokens" if T else "idx holds no tokens")
+        if T == 0:
+            raise ValueError("idx holds no tokens")
+        if int(position_ids.min()) < 0:
+            raise ValueError(f"position_ids must be >= 0, got {int(position_ids.min())}")
+        if int(position_ids.max()) >= self.config.block_size:
+            raise ValueError(f"sequence too long: positions up to {int(position_ids.max())} but the model's context "
+                             f"is {self.config.block_size} tokens")
 
         mask = None
         if attn_mask is not None:

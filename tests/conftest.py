@@ -1,0 +1,93 @@
+"""Shared fixtures: small random models (fast, fp32, seeded) and the shipped pair (loaded once, on the CPU)."""
+from __future__ import annotations
+
+import copy
+import platform
+
+import pytest
+import torch
+
+import minigpt
+import minigpt.checkpoint
+from minigpt.model import GPT, GPTConfig
+
+# The models in these tests are tiny: one thread is faster than several (no synchronisation), and it does not
+# fight other processes for the cores.
+torch.set_num_threads(1)
+
+SMALL = dict(vocab_size=97, block_size=64, n_layer=2, n_head=4, n_embd=32)
+
+
+def pytest_report_header(config):
+    import numpy, tiktoken
+    try:
+        import ipywidgets
+        widgets = ipywidgets.__version__
+    except ImportError:
+        widgets = "missing"
+    return (f"minigpt {minigpt.__version__} | python {platform.python_version()} | torch {torch.__version__} | "
+            f"numpy {numpy.__version__} | tiktoken {tiktoken.__version__} | ipywidgets {widgets} | "
+            f"default device {minigpt.get_device()}")
+
+
+def random_model(seed: int = 0, **overrides) -> GPT:
+    """A seeded random GPT in eval mode, on the CPU, fp32, that behaves like a (bad) language model.
+
+    With GPT-2's initialisation (std 0.02) the residual stream is dominated by the current token's embedding
+    and the tied output layer predicts that same token again and again, so every decoder "agrees" trivially.
+    Larger weights in the blocks let the context decide: greedy outputs vary, and the two top logits are
+    separated by far more than rounding error, so equality tests compare real decisions."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**SMALL, **overrides}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "wte" not in name and "wpe" not in name:
+                p.normal_(0.0, 1.5 * p.shape[1] ** -0.5)  # (out, in) matrices of the blocks
+        model.transformer.wte.weight.normal_(0.0, 0.3)   # also the (tied) output layer
+        model.transformer.wpe.weight.normal_(0.0, 1.0)
+    return model.eval()
+
+
+def perturbed_copy(model: GPT, noise: float, seed: int = 0) -> GPT:
+    """The same model plus Gaussian noise of ``noise`` times each tensor's std: a draft that agrees with
+    ``model`` often but not always."""
+    g = torch.Generator().manual_seed(seed)
+    draft = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * (p.std() if p.numel() > 1 else 1.0))
+    return draft.eval()
+
+
+@pytest.fixture
+def small_model() -> GPT:
+    return random_model(0)
+
+
+def _pretrained(name: str) -> GPT:
+    if not (minigpt.checkpoint.PACKAGE_CHECKPOINTS / f"{name}.pt").exists():
+        # tests/test_setup.py fails on the missing file; here we only avoid a cascade of identical errors
+        pytest.skip(f"shipped checkpoint minigpt/checkpoints/{name}.pt is missing")
+    return minigpt.load_pretrained(name, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def target() -> GPT:
+    return _pretrained("target")
+
+
+@pytest.fixture(scope="session")
+def draft() -> GPT:
+    return _pretrained("draft")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return minigpt.load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def val_texts() -> list[str]:
+    """Held-out source files (the validation split), read as text: prompts the models never trained on."""
+    from minigpt.data import read_text, split_files
+    return [read_text(p) for p in split_files("val")]
