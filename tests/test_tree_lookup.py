@@ -9,14 +9,12 @@ from minigpt.decoding.tree import (tree_attention_mask, tree_from_paths, tree_ge
 from minigpt.decoding.verify import accept_tree_sampled, residual_distribution
 from minigpt.sampling import SamplingConfig
 
+from conftest import perturbed_copy, random_model
 
-def peaky_model(vocab, n_layer, seed):
-    """A random model whose distributions are sharp enough that drafts are sometimes right."""
-    torch.manual_seed(seed)
-    m = GPT(GPTConfig(vocab_size=vocab, block_size=128, n_layer=n_layer, n_head=2, n_embd=32)).eval()
-    with torch.no_grad():
-        m.transformer.wte.weight.mul_(25)
-    return m
+
+def peaky_model(vocab, n_layer, seed, block_size=128):
+    """A random model whose next token depends on the whole context (see conftest.random_model)."""
+    return random_model(seed, vocab_size=vocab, n_layer=n_layer, block_size=block_size)
 
 
 def random_cases(n, vocab, seed=0):
@@ -61,7 +59,8 @@ def test_verify_tree_compacts_cache_to_accepted_path():
 @pytest.mark.parametrize("kw", [dict(), dict(budget=4, max_depth=3, branch=3, threshold=0.99),
                                 dict(paths=[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])])
 def test_tree_greedy_identical_to_plain(kw):
-    target, draft = peaky_model(64, 2, 0), peaky_model(64, 1, 1)
+    target = peaky_model(64, 2, 0)
+    draft = perturbed_copy(target, 0.05)  # agrees often, not always: both accept and reject paths run
     for prompt, n in random_cases(12, 64):
         assert tree_generate(target, draft, prompt, n, **kw)[0] == generate(target, prompt, n)
 

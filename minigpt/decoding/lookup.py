@@ -108,7 +108,7 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
             q = torch.nn.functional.one_hot(torch.tensor(drafted, dtype=torch.long), V).float()
             new = verify_chain(target, cache, seq[-1], drafted, cfg, gen, q)
             n_drafted, n_acc = len(drafted), len(new) - 1
-            cache.crop(len(seq) + n_acc - 1)
+            cache.crop(len(seq) + n_acc)  # the sequence plus the accepted drafts; new[-1] is pending
             tested = min(n_acc + 1, n_drafted)
         stats.target_passes += 1
         stats.rounds += 1
