@@ -157,6 +157,16 @@ def load_heads(target: GPT, path: Path | str = MEDUSA_CHECKPOINT) -> MedusaHeads
     return heads.to(target.device).eval()
 
 
+def load_medusa(target: GPT, budget: int = 16, path: Path | str = MEDUSA_CHECKPOINT):
+    """The shipped heads and their sparse candidate tree (chosen from the head accuracies measured on held-out
+    files when the heads were trained, stored beside them): returns (heads, paths)."""
+    heads = load_heads(target, path)
+    ck = torch.load(path, map_location="cpu", weights_only=True)
+    if "rank_accuracy" not in ck:
+        raise CheckpointError(f"{path} has no measured head accuracies to build a tree from")
+    return heads, sparse_tree_paths(ck["rank_accuracy"], budget)
+
+
 def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-3, batch_size: int = 16,
                 block_size: int = 256, decay: float = 0.8, eval_every: int = 50, log=print) -> dict:
     """Train ``heads`` on the training split with the target frozen, for ``minutes`` of wall time."""

@@ -40,8 +40,11 @@ def draft_tokens(draft: GPT, cache: KVCache, pending: list[int], gamma: int, cfg
         x = int(q.argmax()) if cfg.greedy else sample(q, generator)
         tokens.append(x)
         qs.append(q)
-        if confidence_stop is not None and float(q[x]) < confidence_stop:
-            break
+        if confidence_stop is not None:
+            # the draft's own belief in its token; under greedy q is one-hot, so read it off the softmax
+            conf = float(torch.softmax(logits.float(), -1)[x]) if cfg.greedy else float(q[x])
+            if conf < confidence_stop:
+                break
         feed = [x]
     return tokens, torch.stack(qs) if qs else torch.empty(0, draft.config.vocab_size)
 

@@ -1,0 +1,160 @@
+"""The benchmark command (minigpt.bench) and the prompt sets it runs on (minigpt.prompts)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import perturbed_copy, random_model
+from minigpt import bench
+from minigpt.decoding import generate
+from minigpt.prompts import Prompt, code_prompts, edit_prompts, prose_prompts, split_code_and_prose
+from minigpt.tokenizer import load_tokenizer
+
+RECORD_KEYS = {"method", "tokens_per_target_pass", "acceptance_rate", "tokens_per_s", "speedup_vs_plain",
+               "identical_to_plain_greedy", "device", "n_prompts", "new_tokens", "gamma", "repeats",
+               "tokens_per_s_min", "tokens_per_s_max", "time_s_median", "time_s_min", "time_s_max",
+               "speedup_min", "speedup_max", "target_passes", "draft_passes"}
+
+
+# ---------------------------------------------------------------- prompts
+
+SOURCE = '''"""Module docstring: prose."""
+import os  # a comment
+
+
+def f(x):
+    """Return x doubled."""
+    # explain the next line
+    # over two lines
+    s = "not a docstring"
+    return 2 * x
+'''
+
+
+def test_split_code_and_prose_round_trips_and_classifies():
+    pieces = split_code_and_prose(SOURCE)
+    assert "".join(t for _, t in pieces) == SOURCE
+    prose = [t for k, t in pieces if k == "prose"]
+    code = "".join(t for k, t in pieces if k == "code")
+    assert prose[0] == '"""Module docstring: prose."""'
+    assert "# a comment" in prose
+    # a docstring and the comment lines right after it, with only whitespace between: one prose piece
+    assert '"""Return x doubled."""\n    # explain the next line\n    # over two lines' in prose
+    assert '"not a docstring"' in code and "return 2 * x" in code and "import os" in code
+    assert all(k in ("code", "prose") for k, _ in pieces)
+    assert split_code_and_prose("x = (\n") == [("code", "x = (\n")]  # does not tokenize: all code
+
+
+@pytest.mark.parametrize("make,kind", [(code_prompts, "code"), (prose_prompts, "prose"), (edit_prompts, "edit")])
+def test_prompt_sets_are_deterministic_and_fit_the_context(make, kind):
+    a, b = make(4), make(4)
+    assert len(a) == 4 and [list(p) for p in a] == [list(p) for p in b]
+    assert len({p.name for p in a}) == 4  # four different places
+    for p in a:
+        assert isinstance(p, Prompt) and p.kind == kind and p.reference
+        assert all(isinstance(t, int) and 0 <= t < 4096 for t in p)
+        assert len(p) <= 150 and len(p) + 96 <= 256  # prompt + generation fit block_size
+
+
+def test_prompt_contents_match_their_kind():
+    enc = load_tokenizer()
+    for p in code_prompts(3):
+        assert enc.decode(p).endswith("\n")  # cut at a line break
+        assert "#" not in enc.decode(p.reference) and '"""' not in enc.decode(p.reference)
+    for p in prose_prompts(3):
+        assert sum(c.isalpha() or c.isspace() for c in enc.decode(p.reference)) > 0.8 * len(enc.decode(p.reference))
+    for p in edit_prompts(3):
+        text = enc.decode(p)
+        old, new = text.split("renamed to `")[0].rsplit("`", 2)[-2], text.split("renamed to `")[1].split("`")[0]
+        assert new == f"new_{old}"
+        # the correct continuation is the original body with the name replaced, and it is there
+        assert new in enc.decode(p.reference)
+
+
+# ---------------------------------------------------------------- run_bench on small random models
+
+def small_pair():
+    target = random_model(0)
+    return bench.Models(target, perturbed_copy(target, 0.3))
+
+
+def small_prompts(n=3, length=12):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(97, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def test_records_on_small_models_have_the_schema_and_are_exact():
+    records = bench.run_bench(["chain"], models=small_pair(), prompts=small_prompts(), max_new_tokens=10,
+                              repeats=2, gamma=3)
+    json.dumps(records, allow_nan=False)  # strict JSON: no NaN anywhere
+    assert [r["method"] for r in records] == ["plain", "chain"]  # plain always runs: it is the baseline
+    plain, chain = records
+    for r in records:
+        assert RECORD_KEYS <= set(r)
+        assert r["identical_to_plain_greedy"] is True and r["mismatched_prompts"] == []
+        assert r["n_prompts"] == 3 and r["new_tokens"] == 30 and r["repeats"] == 2 and r["device"] == "cpu"
+        assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"]
+        assert r["speedup_min"] <= r["speedup_vs_plain"] <= r["speedup_max"]
+    assert plain["tokens_per_target_pass"] == 1 and plain["target_passes"] == 30
+    assert plain["acceptance_rate"] is None and plain["gamma"] is None and plain["speedup_vs_plain"] == 1
+    assert chain["gamma"] == 3 and 0 <= chain["acceptance_rate"] <= 1
+    assert chain["tokens_per_target_pass"] >= 1 and chain["target_passes"] < 30  # the draft agrees sometimes
+    assert chain["draft_passes"] > 0
+
+
+def test_identity_check_catches_a_wrong_method(monkeypatch):
+    def off_by_one(models, prompt, max_new_tokens):  # plain greedy, but its last token is wrong
+        stats = bench.DecodeStats()
+        ids = generate(models.target, prompt, max_new_tokens, stats=stats)
+        return ids[:-1] + [(ids[-1] + 1) % 97], stats
+
+    monkeypatch.setitem(bench.METHODS, "off_by_one", bench.Method("off_by_one", off_by_one))
+    records = bench.run_bench(["off_by_one"], models=small_pair(), prompts=small_prompts(2), max_new_tokens=6,
+                              repeats=1)
+    assert records[0]["identical_to_plain_greedy"] is True
+    assert records[1]["identical_to_plain_greedy"] is False and records[1]["mismatched_prompts"] == [0, 1]
+
+
+def test_register_adds_a_method(monkeypatch):
+    monkeypatch.setattr(bench, "METHODS", dict(bench.METHODS))
+
+    @bench.register("plain_again", "plain decoding under another name", unused=7)
+    def _again(models, prompt, max_new_tokens, unused):
+        assert unused == 7
+        return bench.METHODS["plain"].run(models, prompt, max_new_tokens)
+
+    records = bench.run_bench(["plain_again"], models=small_pair(), prompts=small_prompts(1), max_new_tokens=4,
+                              repeats=1)
+    assert records[1]["method"] == "plain_again" and records[1]["identical_to_plain_greedy"]
+    assert records[1]["tokens_per_target_pass"] == 1
+
+
+# ---------------------------------------------------------------- the command line
+
+@pytest.mark.parametrize("argv,message", [(["--methods", "plain,nope"], "unknown method 'nope'; available: plain"),
+                                          (["--device", "nodevice"], "device 'nodevice' is not usable here")])
+def test_cli_errors_are_one_line(argv, message, capsys):
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_cli_quick_json_on_the_shipped_pair(tmp_path, target, draft):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "minigpt.bench", "--quick", "--n-code", "2", "--n-edit", "1",
+           "--max-new-tokens", "12", "--repeats", "1", "--device", "cpu", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = json.loads(out.read_text())
+    assert [r["method"] for r in records][:2] == ["plain", "chain"]
+    for r in records:
+        assert RECORD_KEYS <= set(r) and r["identical_to_plain_greedy"] is True
+        assert r["n_prompts"] == 3 and r["device"] == "cpu"
+    assert records[0]["tokens_per_target_pass"] == 1 and records[0]["acceptance_rate"] is None
+    assert 0 <= records[1]["acceptance_rate"] <= 1 and records[1]["gamma"] == 4
+    assert "identical" in proc.stdout and "chain" in proc.stdout  # the table
