@@ -353,10 +353,14 @@ WRONG = {
 
 
 def test_every_exercise_has_a_solution_and_three_wrong_versions():
-    assert set(WRONG) == set(EXERCISES)
+    # later exercises keep their wrong versions in their own test files
+    from test_grading_ex04_ex05 import WRONG as WRONG_04_05
+    from test_grading_ex06 import WRONG as WRONG_06
+    wrong = {**WRONG, **WRONG_04_05, **WRONG_06}
+    assert set(wrong) == set(EXERCISES)
     for name, ex in EXERCISES.items():
         assert callable(solution(name)), name
-        assert len(WRONG[name]) >= 3, name
+        assert len(wrong[name]) >= 3, name
         assert ex.max_points >= 2, name
 
 
