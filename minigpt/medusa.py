@@ -168,11 +168,12 @@ def load_medusa(target: GPT, budget: int = 16, path: Path | str = MEDUSA_CHECKPO
 
 
 def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-3, batch_size: int = 16,
-                block_size: int = 256, decay: float = 0.8, eval_every: int = 50, log=print) -> dict:
+                block_size: int = 256, decay: float = 0.8, eval_every: int = 50) -> dict:
     """Train ``heads`` on the training split with the target frozen, for ``minutes`` of wall time."""
     from tqdm.auto import tqdm
     from .data import get_batch, load_tokens
     train = load_tokens("train")
+    was_trainable = [p.requires_grad for p in target.parameters()]
     target.eval().requires_grad_(False)
     heads.train()
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
@@ -196,6 +197,8 @@ def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-
         bar.update(1)
     bar.close()
     heads.eval()
+    for p, flag in zip(target.parameters(), was_trainable):  # leave the caller's target as it was
+        p.requires_grad_(flag)
     return dict(steps=step, tokens_seen=tokens, train_seconds=round(time.time() - t0), lr=lr, decay=decay,
                 batch_size=batch_size, block_size=block_size, history=history)
 

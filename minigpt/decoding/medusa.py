@@ -42,20 +42,29 @@ def medusa_candidates(head_logits: torch.Tensor, root: int, paths) -> tuple[list
 
 
 def typical_acceptance(cfg: SamplingConfig, generator, epsilon: float = 0.09, delta: float = 0.3):
-    """Medusa's typical acceptance as an ``accept`` rule for :func:`.tree.verify_tree` (not exact)."""
+    """Medusa's typical acceptance as an ``accept`` rule for :func:`.tree.verify_tree` (not exact).
+
+    A node passes when the target's probability of its token, at its parent, exceeds
+    min(epsilon, delta * exp(-entropy of the target's distribution there)). The longest root-to-node path of
+    passing nodes wins (the first such path among equals); the next token is sampled from the target at its end."""
     def accept(tokens, parents, logits):
-        probs = cfg.probs(logits) if not cfg.greedy else torch.softmax(logits.float(), -1)
+        probs = cfg.probs(logits)
         entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1)
         threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
         kids = children_of(parents)
-        path, node = [], 0
-        while True:
-            ok = [c for c in kids[node] if float(probs[node, tokens[c]]) > float(threshold[node])]
-            if not ok:
-                last = int(probs[node].argmax()) if cfg.greedy else sample(probs[node], generator)
-                return path, last
-            node = ok[0]
-            path.append(node)
+
+        def longest(node) -> list[int]:
+            best: list[int] = []
+            for c in kids[node]:
+                if float(probs[node, tokens[c]]) > float(threshold[node]):
+                    below = [c] + longest(c)
+                    if len(below) > len(best):
+                        best = below
+            return best
+
+        path = longest(0)
+        end = path[-1] if path else 0
+        return path, sample(probs[end], generator)
     return accept
 
 
@@ -65,7 +74,8 @@ def medusa_generate(target: GPT, heads, prompt, max_new_tokens: int, paths=None,
                     seed: int | None = None, eos_id: int | None = None, epsilon: float = 0.09, delta: float = 0.3,
                     stats: DecodeStats | None = None) -> tuple[list[int], DecodeStats]:
     """Generate with Medusa heads; returns (new token ids, statistics). ``paths``: the candidate tree (default:
-    a chain of the heads' top-1 predictions)."""
+    a chain of the heads' top-1 predictions). Typical acceptance is a rule for sampling: with ``temperature=0``
+    the exact greedy rule is used either way, so greedy output is always the target's own."""
     if acceptance not in ("exact", "typical"):
         raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
     cfg = SamplingConfig(temperature, top_k, top_p)
@@ -76,7 +86,7 @@ def medusa_generate(target: GPT, heads, prompt, max_new_tokens: int, paths=None,
     n_prompt = idx.shape[1]
     check_length(target, n_prompt, max_new_tokens)
     gen = make_generator(seed)
-    accept = typical_acceptance(cfg, gen, epsilon, delta) if acceptance == "typical" else None
+    accept = typical_acceptance(cfg, gen, epsilon, delta) if acceptance == "typical" and not cfg.greedy else None
     stats = stats if stats is not None else DecodeStats()
     t0 = time.perf_counter()
     cache = KVCache.for_model(target)
