@@ -19,7 +19,7 @@ from ..cache import KVCache
 from ..model import GPT
 from ..sampling import SamplingConfig, make_generator, sample
 from .plain import as_prompt, check_length, prefill
-from .stats import DecodeStats
+from .stats import DecodeStats, trim
 from .verify import accept_greedy, accept_sampled
 
 
@@ -102,13 +102,9 @@ def speculative_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, g
         drafted, q = draft_tokens(draft, dcache, draft_pending, g, cfg, gen, confidence_stop) if g else ([], None)
         stats.draft_passes += len(drafted)
         new = verify_chain(target, tcache, last, drafted, cfg, gen, q)
-        stats.target_passes += 1
-        stats.rounds += 1
-        stats.gammas.append(len(drafted))
         n_acc = len(new) - 1
-        stats.proposed += len(drafted)
-        stats.tested += min(n_acc + 1, len(drafted))  # tokens after the first rejection are never tested
-        stats.accepted += n_acc
+        # tokens after the first rejection are never tested
+        stats.add_round(len(drafted), n_acc, min(n_acc + 1, len(drafted)))
         # roll back: both caches keep the sequence up to (not including) the round's final token
         seq_len = n_prompt + len(out) + n_acc
         tcache.crop(seq_len)
@@ -120,9 +116,8 @@ def speculative_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, g
         if adaptive and drafted:
             gamma = min(gamma + 2, gamma_max) if n_acc == len(drafted) else max(1, gamma - 1)
         if eos_id is not None and eos_id in new:
-            out = out[:out.index(eos_id) + 1]
             break
-    out = out[:max_new_tokens]
+    out = trim(out, max_new_tokens, eos_id)
     stats.new_tokens += len(out)
     stats.wall_time += time.perf_counter() - t0
     return out, stats

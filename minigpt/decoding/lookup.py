@@ -21,7 +21,7 @@ from ..model import GPT
 from ..sampling import SamplingConfig, make_generator
 from .chain import verify_chain
 from .plain import as_prompt, check_length, prefill
-from .stats import DecodeStats
+from .stats import DecodeStats, trim
 from .tree import verify_tree
 
 
@@ -100,29 +100,18 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
             tokens, parents = (tokens, parents) if room else (tokens[:1], parents[:1])
             q = torch.nn.functional.one_hot(torch.tensor(tokens), V).float()
             new, path, _ = verify_tree(target, cache, tokens, parents, cfg, gen, q)
-            n_drafted, n_acc = len(tokens) - 1, len(path)
-            has_children = {p for p in parents if p >= 0}
-            tested = n_acc + (1 if (path[-1] if path else 0) in has_children else 0)
+            stats.add_tree_round(parents, path)
         else:
             drafted = find_candidates(seq, max_ngram, num_pred, min_ngram)[:room]
             q = torch.nn.functional.one_hot(torch.tensor(drafted, dtype=torch.long), V).float()
             new = verify_chain(target, cache, seq[-1], drafted, cfg, gen, q)
-            n_drafted, n_acc = len(drafted), len(new) - 1
+            n_acc = len(new) - 1
             cache.crop(len(seq) + n_acc)  # the sequence plus the accepted drafts; new[-1] is pending
-            tested = min(n_acc + 1, n_drafted)
-        stats.target_passes += 1
-        stats.rounds += 1
-        stats.gammas.append(n_drafted)
-        stats.proposed += n_drafted
-        stats.tested += tested
-        stats.accepted += n_acc
+            stats.add_round(len(drafted), n_acc, min(n_acc + 1, len(drafted)))
         seq.extend(new)
         if eos_id is not None and eos_id in new:
             break
-    out = seq[n_prompt:]
-    if eos_id is not None and eos_id in out:
-        out = out[:out.index(eos_id) + 1]
-    out = out[:max_new_tokens]
+    out = trim(seq[n_prompt:], max_new_tokens, eos_id)
     stats.new_tokens += len(out)
     stats.wall_time += time.perf_counter() - t0
     return out, stats

@@ -23,7 +23,7 @@ from ..cache import KVCache
 from ..model import GPT
 from ..sampling import SamplingConfig, make_generator, sample
 from .plain import as_prompt, check_length, prefill
-from .stats import DecodeStats
+from .stats import DecodeStats, trim
 from .tree import tree_from_paths, verify_tree
 from .verify import children_of
 
@@ -106,20 +106,11 @@ def medusa_generate(target: GPT, heads, prompt, max_new_tokens: int, paths=None,
             tokens, parents = medusa_candidates(heads(hidden), seq[-1], round_paths)
         q = torch.nn.functional.one_hot(torch.tensor(tokens), V).float()
         new, path, hidden = verify_tree(target, cache, tokens, parents, cfg, gen, q, accept)
-        stats.target_passes += 1
-        stats.rounds += 1
-        stats.gammas.append(len(tokens) - 1)
-        stats.proposed += len(tokens) - 1
-        has_children = {p for p in parents if p >= 0}
-        stats.tested += len(path) + (1 if (path[-1] if path else 0) in has_children else 0)
-        stats.accepted += len(path)
+        stats.add_tree_round(parents, path)
         seq.extend(new)
         if eos_id is not None and eos_id in new:
             break
-    out = seq[n_prompt:]
-    if eos_id is not None and eos_id in out:
-        out = out[:out.index(eos_id) + 1]
-    out = out[:max_new_tokens]
+    out = trim(seq[n_prompt:], max_new_tokens, eos_id)
     stats.new_tokens += len(out)
     stats.wall_time += time.perf_counter() - t0
     return out, stats

@@ -17,6 +17,22 @@ class DecodeStats:
     wall_time: float = 0.0     # seconds
     gammas: list[int] = field(default_factory=list)  # draft length used in each round
 
+    def add_round(self, drafted: int, accepted: int, tested: int) -> None:
+        """Book one draft-then-verify round: one target pass over ``drafted`` candidates."""
+        self.target_passes += 1
+        self.rounds += 1
+        self.gammas.append(drafted)
+        self.proposed += drafted
+        self.tested += tested
+        self.accepted += accepted
+
+    def add_tree_round(self, parents, path: list[int]) -> None:
+        """Book a verified tree: the acceptance rule tested one candidate level per accepted node, plus the
+        level where it stopped if the last accepted node (or the root) had children."""
+        end = path[-1] if path else 0
+        stopped_at_candidates = any(p == end for p in parents)
+        self.add_round(len(parents) - 1, len(path), len(path) + int(stopped_at_candidates))
+
     @property
     def acceptance_rate(self) -> float:
         """alpha: accepted / tested drafted tokens."""
@@ -41,3 +57,10 @@ class DecodeStats:
         d.update(acceptance_rate=self.acceptance_rate, tokens_per_target_pass=self.tokens_per_target_pass,
                  tokens_per_s=self.tokens_per_s)
         return d
+
+
+def trim(out: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
+    """The output a decoder returns: cut after the first ``eos_id`` and at ``max_new_tokens``."""
+    if eos_id is not None and eos_id in out:
+        out = out[:out.index(eos_id) + 1]
+    return out[:max_new_tokens]

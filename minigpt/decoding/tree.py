@@ -18,7 +18,7 @@ from ..cache import KVCache
 from ..model import GPT
 from ..sampling import SamplingConfig, make_generator
 from .plain import as_prompt, check_length, prefill
-from .stats import DecodeStats
+from .stats import DecodeStats, trim
 from .verify import accept_tree_greedy, accept_tree_sampled
 
 
@@ -174,21 +174,11 @@ def tree_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, budget: 
         tokens, parents, q, passes = draft_tree(draft, dcache, seq[-1], cfg, budget, depth, branch, threshold, paths)
         stats.draft_passes += passes
         new, path, _ = verify_tree(target, tcache, tokens, parents, cfg, gen, q)
-        stats.target_passes += 1
-        stats.rounds += 1
-        stats.gammas.append(len(tokens) - 1)
-        stats.proposed += len(tokens) - 1
-        has_children = {p for p in parents if p >= 0}
-        last_node = path[-1] if path else 0
-        stats.tested += len(path) + (1 if last_node in has_children else 0)
-        stats.accepted += len(path)
+        stats.add_tree_round(parents, path)
         seq.extend(new)
         if eos_id is not None and eos_id in new:
             break
-    out = seq[n_prompt:]
-    if eos_id is not None and eos_id in out:
-        out = out[:out.index(eos_id) + 1]
-    out = out[:max_new_tokens]
+    out = trim(seq[n_prompt:], max_new_tokens, eos_id)
     stats.new_tokens += len(out)
     stats.wall_time += time.perf_counter() - t0
     return out, stats
