@@ -141,12 +141,19 @@ def bench_prompts(n_code: int, n_edit: int) -> list[Prompt]:
 
 def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_new_tokens: int = 64,
               repeats: int = 5, gamma: int | None = None, device: str | torch.device | None = None,
-              models: Models | None = None, prompts: list | None = None, log=None) -> list[dict]:
+              models: Models | None = None, prompts: list | None = None, peers: bool = False,
+              log=None) -> list[dict]:
     """Run ``methods`` (greedy) on the prompt set; return one record per method (see the module docstring).
 
     ``gamma`` overrides the draft length of every method that has one. ``models``/``prompts`` replace the
-    shipped pair / the default prompt set (tests use this). ``log``: a function to report progress to."""
+    shipped pair / the default prompt set (tests use this). ``peers``: also run Hugging Face transformers'
+    decoders (:mod:`minigpt.peers`) on the same weights, with our matching methods (plain, chain,
+    prompt_lookup) added if missing; their records get ``ours_over_theirs`` (our method's tokens/s over theirs,
+    median over repeats) and ``identical_to_ours``. ``log``: a function to report progress to."""
     names = check_methods(methods)
+    if peers:
+        from .peers import PAIRS
+        names += [ours for ours in PAIRS.values() if ours in METHODS and ours not in names]
     dev = check_device(device) if models is None else models.target.device
     if models is None:
         models = Models.shipped(dev, medusa="medusa" in names)
@@ -155,11 +162,22 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
         raise ValueError("no prompts to run")
     params = {n: {k: (gamma if k == "gamma" and gamma is not None else v) for k, v in METHODS[n].params.items()}
               for n in names}
+    peer_fns = {}
+    if peers:
+        from .peers import PAIRS, peer_methods, settings_from_bench
+        peer_fns = {n: fn for n, fn in peer_methods(models.target, models.draft, **settings_from_bench(params)).items()
+                    if PAIRS[n] in names}
+        names += list(peer_fns)
+        params.update({n: fn.params for n, fn in peer_fns.items()})
 
     def call(name, prompt):
         synchronize(dev)
         t0 = time.perf_counter()
-        ids, stats = METHODS[name].run(models, prompt, max_new_tokens, **params[name])
+        if name in peer_fns:
+            ids = peer_fns[name](prompt, max_new_tokens)
+            stats = peer_fns[name].stats
+        else:
+            ids, stats = METHODS[name].run(models, prompt, max_new_tokens, **params[name])
         synchronize(dev)
         return ids, stats, time.perf_counter() - t0
 
@@ -209,7 +227,8 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
                                  tokens_per_target_pass=_finite(sk.tokens_per_target_pass),
                                  acceptance_rate=_finite(sk.acceptance_rate) if sk.tested else None)
         records.append(dict(
-            method=n, description=METHODS[n].description, params=params[n], gamma=params[n].get("gamma"),
+            method=n, description=peer_fns[n].description if n in peer_fns else METHODS[n].description,
+            params=params[n], gamma=params[n].get("gamma"),
             device=str(dev), dtype=str(next(models.target.parameters()).dtype).replace("torch.", ""),
             torch_threads=torch.get_num_threads(), n_prompts=len(prompts), max_new_tokens=max_new_tokens,
             new_tokens=new_tokens[n], repeats=repeats,
@@ -224,12 +243,16 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
                                 for i, (p, ok) in enumerate(zip(prompts, identical[n])) if not ok],
             by_kind=by_kind,
         ))
+        if n in peer_fns:  # transformers' method next to our matching one, timed in the same loop
+            ours = PAIRS[n]
+            records[-1].update(ours=ours, identical_to_ours=outputs[n] == outputs[ours],
+                               ours_over_theirs=statistics.median(t / o for t, o in zip(times[n], times[ours])))
     return records
 
 
 def format_table(records: list[dict]) -> str:
     """A plain-text table of the records."""
-    head = f"{'method':<14}{'gamma':>6}{'tok/pass':>10}{'alpha':>8}{'tok/s (min-max)':>22}" \
+    head = f"{'method':<18}{'gamma':>6}{'tok/pass':>10}{'alpha':>8}{'tok/s (min-max)':>22}" \
            f"{'speedup (min-max)':>22}{'identical':>11}"
     lines = [head, "-" * len(head)]
     for r in records:
@@ -237,9 +260,13 @@ def format_table(records: list[dict]) -> str:
         g = "-" if r["gamma"] is None else str(r["gamma"])
         tps = f"{r['tokens_per_s']:.1f} ({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f})"
         sp = f"{r['speedup_vs_plain']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})"
-        lines.append(f"{r['method']:<14}{g:>6}{r['tokens_per_target_pass']:>10.2f}{a:>8}{tps:>22}{sp:>22}"
+        lines.append(f"{r['method']:<18}{g:>6}{r['tokens_per_target_pass']:>10.2f}{a:>8}{tps:>22}{sp:>22}"
                      f"{str(r['identical_to_plain_greedy']):>11}")
     r0 = records[0]
+    for r in records:
+        if "ours_over_theirs" in r:
+            lines.append(f"{r['method']}: ours ({r['ours']}) / theirs = {r['ours_over_theirs']:.2f}x tokens/s, "
+                         f"identical tokens: {r['identical_to_ours']}")
     lines.append(f"{r0['n_prompts']} prompts, {r0['max_new_tokens']} new tokens each, greedy, "
                  f"{r0['repeats']} repeats (medians), device {r0['device']}, {r0['dtype']}, "
                  f"{r0['torch_threads']} threads")
@@ -257,6 +284,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n-edit", type=int, help="number of edit (copy-heavy) prompts")
     ap.add_argument("--max-new-tokens", type=int, help="tokens generated per prompt")
     ap.add_argument("--repeats", type=int, help="timed repeats (medians are reported)")
+    ap.add_argument("--peers", action="store_true",
+                    help="also run Hugging Face transformers' decoders on the same weights (hf_plain, hf_assisted, "
+                         "hf_prompt_lookup); needs pip install -e '.[peers]'")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads for torch (default 1: the models are tiny, and on a busy machine more "
                          "threads were measured to slow decoding down many times over; 0 = torch's default)")
@@ -264,6 +294,12 @@ def main(argv=None) -> int:
     try:
         names = check_methods(args.methods.split(","))
         dev = check_device(args.device)
+        if args.peers:
+            from .hf import require_transformers
+            try:
+                require_transformers()
+            except ImportError as e:
+                raise ValueError(str(e)) from None
     except ValueError as e:  # one line, no usage dump: the message says what to do
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
@@ -280,7 +316,8 @@ def main(argv=None) -> int:
     if args.threads and dev.type == "cpu":
         torch.set_num_threads(args.threads)
     print(f"benchmarking {', '.join(names)} on {dev}: {cfg}", file=sys.stderr)
-    records = run_bench(names, gamma=args.gamma, device=dev, log=lambda m: print(m, file=sys.stderr), **cfg)
+    records = run_bench(names, gamma=args.gamma, device=dev, peers=args.peers,
+                        log=lambda m: print(m, file=sys.stderr), **cfg)
     print(format_table(records))
     if args.json:
         with open(args.json, "w") as f:

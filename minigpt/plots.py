@@ -12,6 +12,7 @@ returns the axes it drew on. Matplotlib is imported lazily: importing :mod:`mini
 from __future__ import annotations
 
 import html
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 
@@ -175,4 +176,8 @@ def explore(fn: Callable, **controls) -> None:
             made[name] = c
         else:
             made[name] = w.fixed(c)
-    w.interact(fn, **made)
+    @functools.wraps(fn)
+    def show(*args, **kwargs) -> None:  # interact would also display fn's return value
+        fn(*args, **kwargs)
+
+    w.interact(show, **made)
