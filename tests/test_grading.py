@@ -352,11 +352,15 @@ WRONG = {
 }
 
 
+# later exercises keep their wrong versions (and their own special cases) in their own test files
+from test_grading_ex04_ex05 import WRONG as WRONG_04_05  # noqa: E402
+from test_grading_ex06 import WRONG as WRONG_06  # noqa: E402
+
+ALL_WRONG = {**WRONG, **WRONG_04_05, **WRONG_06}
+
+
 def test_every_exercise_has_a_solution_and_three_wrong_versions():
-    # later exercises keep their wrong versions in their own test files
-    from test_grading_ex04_ex05 import WRONG as WRONG_04_05
-    from test_grading_ex06 import WRONG as WRONG_06
-    wrong = {**WRONG, **WRONG_04_05, **WRONG_06}
+    wrong = ALL_WRONG
     assert set(wrong) == set(EXERCISES)
     for name, ex in EXERCISES.items():
         assert callable(solution(name)), name
@@ -370,8 +374,8 @@ def test_solution_earns_full_marks(name):
     assert result.full_marks, [c.line() for c in result.cases if not c.passed]
 
 
-@pytest.mark.parametrize("name, wrong", [(n, w) for n, ws in WRONG.items() for w in ws],
-                         ids=[f"{n}-{w.__name__}" for n, ws in WRONG.items() for w in ws])
+@pytest.mark.parametrize("name, wrong", [(n, w) for n, ws in ALL_WRONG.items() for w in ws],
+                         ids=[f"{n}-{w.__name__}" for n, ws in ALL_WRONG.items() for w in ws])
 def test_wrong_version_loses_points(name, wrong):
     result = check(name, wrong, verbose=False)
     assert result.points < result.max_points, f"{wrong.__name__} passed every case of {name}"
@@ -457,7 +461,7 @@ def test_stub_reports_not_implemented(capsys):
 
 
 def test_failed_checks_do_not_reveal_reference_code(capsys):
-    for name, wrongs in WRONG.items():
+    for name, wrongs in ALL_WRONG.items():
         check(name, wrongs[0])
         printed = capsys.readouterr().out
         nb = nbformat.read(str(SOLUTIONS / EXERCISES[name].notebook), as_version=4)

@@ -16,7 +16,6 @@ from minigpt.decoding.lookup import find_candidates
 from minigpt.decoding.tree import tree_attention_mask, tree_depths, tree_position_ids
 from minigpt.decoding.verify import accept_tree_greedy, children_of
 from minigpt.grading import EXERCISES, check
-from minigpt.grading.generate import BEGIN, END
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("tree_mask_and_positions", "longest_accepted_path", "find_candidates")
@@ -191,25 +190,11 @@ def test_exercises_are_registered_with_their_notebooks():
         assert EXERCISES[name].max_points >= 5 and len(WRONG[name]) >= 3
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_solution_earns_full_marks(name):
-    result = check(name, solution(name), verbose=False)
-    assert result.full_marks, [c.line() for c in result.cases if not c.passed]
-
-
 def test_library_references_earn_full_marks():
     ref_mask = lambda parents, offset: (tree_attention_mask(parents), tree_position_ids(parents, offset))  # noqa: E731
     assert check("tree_mask_and_positions", ref_mask, verbose=False).full_marks
     assert check("longest_accepted_path", accept_tree_greedy, verbose=False).full_marks
     assert check("find_candidates", find_candidates, verbose=False).full_marks
-
-
-@pytest.mark.parametrize("name, wrong", [(n, w) for n, ws in WRONG.items() for w in ws],
-                         ids=[f"{n}-{w.__name__}" for n, ws in WRONG.items() for w in ws])
-def test_wrong_version_loses_points(name, wrong):
-    result = check(name, wrong, verbose=False)
-    assert result.points < result.max_points, f"{wrong.__name__} passed every case of {name}"
-    assert any(c.status in ("fail", "error") for c in result.cases)
 
 
 @pytest.mark.parametrize("wrong", [siblings_see_each_other, positions_off_by_one, forgot_self_attention,
@@ -233,25 +218,6 @@ def test_stubs_score_zero():
     for name in NAMES:
         result = check(name, solution(name, "exercises"), verbose=False)
         assert result.points == 0 and result.status == "not implemented yet", (name, result.status)
-
-
-def test_failed_checks_do_not_reveal_reference_code(capsys):
-    for name in NAMES:
-        body = []
-        for cell in nbformat.read(str(ROOT / "solutions" / EXERCISES[name].notebook), as_version=4).cells:
-            inside = False
-            for line in cell.source.splitlines() if cell.cell_type == "code" else []:
-                if BEGIN.match(line):
-                    inside = True
-                elif END.match(line):
-                    inside = False
-                elif inside and len(line.strip()) > 12:
-                    body.append(line.strip())
-        assert body, name
-        for wrong in WRONG[name]:
-            check(name, wrong)
-            printed = capsys.readouterr().out
-            assert not [ln for ln in body if ln in printed], (name, wrong.__name__)
 
 
 def test_wrong_finder_versions_really_differ_from_the_reference_on_a_classic_input():

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from minigpt.decoding.medusa import medusa_candidates
 from minigpt.grading import EXERCISES, check
-from minigpt.grading.generate import BEGIN, END
 from minigpt.medusa import MedusaHead
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,13 +106,6 @@ def test_exercises_are_registered_for_the_notebook():
         assert EXERCISES[name].notebook == NOTEBOOK and EXERCISES[name].max_points >= 2
 
 
-@pytest.mark.parametrize("name", sorted(WRONG))
-def test_solution_earns_full_marks(name):
-    fn = graded_functions(ROOT / "solutions" / NOTEBOOK)[name]
-    result = check(name, fn, verbose=False)
-    assert result.full_marks, [c.line() for c in result.cases if not c.passed]
-
-
 def test_library_references_earn_full_marks():
     def library_head(h, W, b, W_out):
         m = MedusaHead(W.shape[0], W_out.shape[0])
@@ -126,14 +118,6 @@ def test_library_references_earn_full_marks():
     assert check("medusa_head_forward", library_head, verbose=False).full_marks
     assert check("build_candidate_tree", lambda logits, paths, root: medusa_candidates(logits, root, paths),
                  verbose=False).full_marks
-
-
-@pytest.mark.parametrize("name, wrong", [(n, w) for n, ws in WRONG.items() for w in ws],
-                         ids=[f"{n}-{w.__name__}" for n, ws in WRONG.items() for w in ws])
-def test_wrong_version_loses_points(name, wrong):
-    result = check(name, wrong, verbose=False)
-    assert result.points < result.max_points, f"{wrong.__name__} passed every case of {name}"
-    assert any(c.status in ("fail", "error") for c in result.cases)
 
 
 def test_zero_init_case_catches_every_misplaced_residual_or_activation():
@@ -149,25 +133,6 @@ def test_node_order_mistakes_are_explained():
     failed = [c for c in result.cases if not c.passed]
     assert failed and all("sort" in c.hint for c in failed if c.name.startswith("paths in any order"))
     assert any("parent must come before its child" in c.detail for c in failed)
-
-
-def test_failed_checks_do_not_reveal_reference_code(capsys):
-    nb = nbformat.read(str(ROOT / "solutions" / NOTEBOOK), as_version=4)
-    body, inside = [], False
-    for cell in nb.cells:
-        for line in cell.source.splitlines() if cell.cell_type == "code" else []:
-            if BEGIN.match(line):
-                inside = True
-            elif END.match(line):
-                inside = False
-            elif inside and len(line.strip()) > 12:
-                body.append(line.strip())
-    assert body
-    for name, wrongs in WRONG.items():
-        for wrong in wrongs:
-            check(name, wrong)
-        printed = capsys.readouterr().out
-        assert not [ln for ln in body if ln in printed], name
 
 
 def test_exercise_stubs_score_zero_not_implemented():
