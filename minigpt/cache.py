@@ -31,7 +31,8 @@ class KVCache:
         """An empty cache shaped for ``model`` (a :class:`minigpt.model.GPT`), on its device and dtype."""
         cfg = model.config
         p = next(model.parameters())
-        return cls(cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, max_len or cfg.block_size,
+        # with grouped-query attention only the key/value heads are cached (fewer than the query heads)
+        return cls(cfg.n_layer, cfg.kv_heads, cfg.head_size, max_len or cfg.block_size,
                    batch_size, p.device, p.dtype)
 
     def __len__(self) -> int:

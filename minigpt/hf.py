@@ -22,6 +22,7 @@ from .model import GPT, GPTConfig
 
 INSTALL_HINT = "install the optional extra: pip install -e '.[peers]'"
 # the matrices GPT-2 keeps in Conv1D layers, stored transposed relative to nn.Linear
+GPT2_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout")  # the rest must be defaults
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -52,6 +53,8 @@ def to_hf(model: GPT, eos_id: int | None = None, attn_implementation: str | None
     in eval mode. bos, eos and pad ids are ``eos_id`` (default: ``<|endoftext|>``, 4095)."""
     transformers = require_transformers()
     c = model.config
+    if GPTConfig(**{k: v for k, v in c.to_dict().items() if k in GPT2_FIELDS}) != c:
+        raise ValueError("to_hf converts GPT-2-style models only (this one uses Llama-family switches)")
     eos = default_eos_id(c.vocab_size) if eos_id is None else eos_id
     hf_config = transformers.GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.block_size, n_ctx=c.block_size, n_embd=c.n_embd,

@@ -13,6 +13,11 @@ Two things go beyond a training-only GPT, because speculative decoding needs the
 * new tokens may come with their own ``position_ids`` and an ``attn_mask`` among themselves, so a whole
   flattened tree of candidates (each node seeing only the cached prefix and its own ancestors) is scored
   in one pass. A :class:`~minigpt.cache.KVCache` holds the keys and values of earlier positions.
+
+A few config switches turn the same code into a Llama-family model (Lesson 09 loads SmolLM2-135M into it):
+RMSNorm instead of LayerNorm, rotary positions (RoPE, computed from the explicit position ids, so trees
+still work) instead of a position table, a SwiGLU MLP, grouped-query attention (fewer key/value heads than
+query heads, so a smaller KV cache) and no biases. The defaults are GPT-2 and the GPT-2 path is unchanged.
 """
 from __future__ import annotations
 
@@ -34,34 +39,109 @@ class GPTConfig:
     n_head: int = 8
     n_embd: int = 256
     dropout: float = 0.0
+    # Switches for the Llama family (SmolLM2, Llama, Mistral, ...). The defaults are GPT-2.
+    norm: str = "layernorm"          # "rmsnorm": scale by 1/RMS, no mean subtraction, no bias
+    norm_eps: float = 1e-5
+    pos: str = "learned"             # "rope": rotary positions inside attention, no position table
+    rope_base: float = 10000.0
+    mlp: str = "gelu"                # "swiglu": silu(gate(x)) * up(x), then down
+    mlp_hidden: int | None = None    # width of the MLP's hidden layer; default 4 * n_embd
+    n_kv_head: int | None = None     # grouped-query attention: fewer key/value heads; default n_head
+    bias: bool = True                # biases in the linear layers (and LayerNorm)
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        for name, value, allowed in (("norm", self.norm, ("layernorm", "rmsnorm")),
+                                     ("pos", self.pos, ("learned", "rope")), ("mlp", self.mlp, ("gelu", "swiglu"))):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not one of {', '.join(allowed)}")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
+        if self.pos == "rope" and self.head_size % 2:
+            raise ValueError(f"rotary positions need an even head size, got {self.head_size}")
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def hidden(self) -> int:
+        return self.mlp_hidden or 4 * self.n_embd
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+class RMSNorm(nn.Module):
+    """Root-mean-square normalisation (Llama): x / sqrt(mean(x^2) + eps) * weight. Unlike LayerNorm it does
+    not subtract the mean and has no bias: one reduction instead of two."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(config: GPTConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.n_embd, config.norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+
+
+def rotate(x: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary position embedding (RoPE, Su et al. 2021) of queries or keys x: (B, heads, T, head_size).
+
+    Split each head's vector into adjacent pairs (x[2i], x[2i+1]) and turn pair i, as a point in the plane,
+    by the angle ``position * base**(-2i / head_size)``. The dot product of a query turned for position m
+    with a key turned for position n then depends on m - n only, so attention sees relative positions.
+    The angles come from ``position_ids``, not from the token's index in the input: a flattened token tree
+    gives its siblings the same position, exactly as each would have in its own sequence."""
+    hs = x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, hs, 2, device=x.device, dtype=torch.float32) / hs)   # (hs/2,)
+    angles = position_ids.to(torch.float32)[:, None] * inv_freq[None, :]                     # (T, hs/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]                                                       # the two coordinates
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.n_head = config.n_head
-        self.head_size = config.n_embd // config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads in one matmul
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
+        self.rope_base = config.rope_base if config.pos == "rope" else None
+        # q for every head, k and v for every key/value head, in one matmul
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+                cache: KVCache | None = None, layer: int = 0, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, C). mask: None for plain causal attention, else a bool (T, S) matrix, True where a new
-        token may attend, over the S = cached + T keys. Returns (B, T, C)."""
+        token may attend, over the S = cached + T keys. position_ids (T,): used by rotary positions.
+        Returns (B, T, C)."""
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        # (B, T, C) -> (B, n_head, T, head_size): each head attends independently
-        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
+        hs = self.head_size
+        q, k, v = self.c_attn(x).split([self.n_head * hs, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
+        # (B, T, heads * hs) -> (B, heads, T, hs): each head attends independently
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
+        if self.rope_base is not None:
+            q, k = rotate(q, position_ids, self.rope_base), rotate(k, position_ids, self.rope_base)
         if cache is not None:
-            k, v = cache.update(layer, k, v)  # (B, n_head, S, head_size), S = cached + T
+            k, v = cache.update(layer, k, v)  # (B, n_kv_head, S, hs), S = cached + T (keys already rotated)
+        if self.n_kv_head != self.n_head:
+            # grouped-query attention: each key/value head serves n_head // n_kv_head query heads
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         p = self.dropout if self.training else 0.0
         if mask is None:
             # Without a cache this is ordinary causal attention; with a cache and a single new token,
@@ -76,11 +156,16 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.swiglu = config.mlp == "swiglu"
+        # SwiGLU has two input projections (gate and up), computed as one matmul and split
+        self.c_fc = nn.Linear(config.n_embd, (2 if self.swiglu else 1) * config.hidden, bias=config.bias)
+        self.c_proj = nn.Linear(config.hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            gate, up = self.c_fc(x).chunk(2, dim=-1)
+            return self.dropout(self.c_proj(F.silu(gate) * up))
         # GPT-2 uses the tanh approximation of GELU; we keep it so converted weights behave identically.
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
@@ -90,13 +175,13 @@ class Block(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask=None, cache=None, layer=0):
-        x = x + self.attn(self.ln_1(x), mask, cache, layer)
+    def forward(self, x, mask=None, cache=None, layer=0, position_ids=None):
+        x = x + self.attn(self.ln_1(x), mask, cache, layer, position_ids)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -106,11 +191,12 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd),
+            ln_f=make_norm(config),
         ))
+        if config.pos == "learned":  # with rotary positions, attention itself encodes where tokens are
+            self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied input/output embeddings
         self.apply(self._init_weights)
@@ -132,7 +218,7 @@ class GPT(nn.Module):
         """Parameter count (the tied output matrix counted once); optionally without the embeddings."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+            n -= sum(self.transformer[e].weight.numel() for e in ("wte", "wpe") if e in self.transformer)
         return n
 
     @property
@@ -182,10 +268,12 @@ class GPT(nn.Module):
             # every new token sees every cached position: (T, past + T)
             mask = torch.cat([torch.ones(T, past, dtype=torch.bool, device=idx.device), mask], dim=1)
 
-        x = self.transformer.wte(idx) + self.transformer.wpe(position_ids)  # (B, T, C)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(position_ids)
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, mask, cache, i)
+            x = block(x, mask, cache, i, position_ids)
         if cache is not None:
             cache.advance(T)
         h = self.transformer.ln_f(x)

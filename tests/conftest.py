@@ -16,6 +16,9 @@ from minigpt.model import GPT, GPTConfig
 torch.set_num_threads(1)
 
 SMALL = dict(vocab_size=97, block_size=64, n_layer=2, n_head=4, n_embd=32)
+# The same tests run on both architectures the model supports: GPT-2, and the Llama family's switches
+# (RMSNorm, rotary positions from the position ids, SwiGLU, grouped-query attention, no biases).
+ARCHS = {"gpt2": {}, "llama": dict(norm="rmsnorm", pos="rope", mlp="swiglu", mlp_hidden=48, n_kv_head=2, bias=False)}
 
 
 def pytest_report_header(config):
@@ -44,7 +47,8 @@ def random_model(seed: int = 0, **overrides) -> GPT:
             if p.dim() == 2 and "wte" not in name and "wpe" not in name:
                 p.normal_(0.0, 1.5 * p.shape[1] ** -0.5)  # (out, in) matrices of the blocks
         model.transformer.wte.weight.normal_(0.0, 0.3)   # also the (tied) output layer
-        model.transformer.wpe.weight.normal_(0.0, 1.0)
+        if "wpe" in model.transformer:
+            model.transformer.wpe.weight.normal_(0.0, 1.0)
     return model.eval()
 
 
@@ -57,6 +61,12 @@ def perturbed_copy(model: GPT, noise: float, seed: int = 0) -> GPT:
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=g) * noise * (p.std() if p.numel() > 1 else 1.0))
     return draft.eval()
+
+
+@pytest.fixture(params=list(ARCHS))
+def arch(request) -> dict:
+    """Config overrides for one architecture; a test taking ``arch`` runs once per architecture."""
+    return ARCHS[request.param]
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ def scratch(model, seq: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("batch", [1, 3])
 @torch.no_grad()
-def test_token_by_token_equals_from_scratch(batch):
-    model = random_model(0)
+def test_token_by_token_equals_from_scratch(arch, batch):
+    model = random_model(0, **arch)
     seq = tokens(30, batch=batch, seed=1)
     cache = KVCache.for_model(model, batch_size=batch)
     steps = [model(seq[:, t:t + 1], cache=cache)[:, 0] for t in range(seq.shape[1])]
@@ -32,8 +32,8 @@ def test_token_by_token_equals_from_scratch(batch):
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("chunks", [[5, 1, 7, 2, 9], [1, 20], [12, 12, 1, 1, 4]])
 @torch.no_grad()
-def test_chunks_equal_from_scratch(batch, chunks):
-    model = random_model(1)
+def test_chunks_equal_from_scratch(arch, batch, chunks):
+    model = random_model(1, **arch)
     seq = tokens(sum(chunks), batch=batch, seed=2)
     cache = KVCache.for_model(model, batch_size=batch)
     out, t = [], 0
@@ -45,9 +45,9 @@ def test_chunks_equal_from_scratch(batch, chunks):
 
 @pytest.mark.parametrize("batch", [1, 2])
 @torch.no_grad()
-def test_crop_then_append_different_tokens(batch):
+def test_crop_then_append_different_tokens(arch, batch):
     """Roll back rejected drafts: crop to a shorter length, append other tokens, compare with scratch."""
-    model = random_model(2)
+    model = random_model(2, **arch)
     seq = tokens(25, batch=batch, seed=3)
     cache = KVCache.for_model(model, batch_size=batch)
     model(seq[:, :18], cache=cache)
@@ -68,10 +68,10 @@ PARENTS = [-1, 0, 0, 1, 1, 2, 3, 3, 6]  # a token tree hanging off the last cach
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("leaf", [0, 4, 5, 8])
 @torch.no_grad()
-def test_compact_keeps_a_tree_path_and_decoding_continues(batch, leaf):
+def test_compact_keeps_a_tree_path_and_decoding_continues(arch, batch, leaf):
     """Append a flattened tree (ancestor mask), keep one root-to-node path with compact, decode two more
     tokens, and compare with recomputing prefix + path + new tokens from scratch."""
-    model = random_model(4)
+    model = random_model(4, **arch)
     prefix = tokens(13, batch=batch, seed=5)
     tree = tokens(len(PARENTS), batch=batch, seed=6)
     cache = KVCache.for_model(model, batch_size=batch)
@@ -88,10 +88,10 @@ def test_compact_keeps_a_tree_path_and_decoding_continues(batch, leaf):
 
 
 @torch.no_grad()
-def test_compact_with_an_arbitrary_mask_and_an_empty_keep():
+def test_compact_with_an_arbitrary_mask_and_an_empty_keep(arch):
     """A block scored with an arbitrary mask, of which only positions that saw exactly the kept tokens stay
     meaningful; keeping none of them is a plain crop back to ``start``."""
-    model = random_model(5)
+    model = random_model(5, **arch)
     seq = tokens(20, seed=8)
     cache = KVCache.for_model(model)
     model(seq[:, :10], cache=cache)

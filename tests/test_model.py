@@ -29,7 +29,8 @@ def test_logits_at_every_position_and_hidden_states(small_model):
 
 
 @torch.no_grad()
-def test_causal_each_position_ignores_the_future(small_model):
+def test_causal_each_position_ignores_the_future(arch):
+    small_model = random_model(0, **arch)
     idx = tokens(20, batch=2, seed=1)
     full = small_model(idx)
     for t in (1, 7, 19):
@@ -104,8 +105,8 @@ def test_ancestor_mask_helper():
 
 @pytest.mark.parametrize("batch", [1, 2])
 @torch.no_grad()
-def test_tree_pass_matches_each_path_from_scratch(batch):
-    model = random_model(3)
+def test_tree_pass_matches_each_path_from_scratch(arch, batch):
+    model = random_model(3, **arch)
     prefix = tokens(11, batch=batch, seed=4)
     node_tokens = tokens(len(PARENTS), batch=batch, seed=5)
     cache = KVCache.for_model(model, batch_size=batch)
@@ -121,9 +122,9 @@ def test_tree_pass_matches_each_path_from_scratch(batch):
 
 
 @torch.no_grad()
-def test_tree_mask_without_a_cache():
+def test_tree_mask_without_a_cache(arch):
     """A tree scored from scratch (no prefix) matches its paths too: the mask also works without a cache."""
-    model = random_model(6)
+    model = random_model(6, **arch)
     node_tokens = tokens(len(PARENTS), seed=7)
     out = model(node_tokens, position_ids=torch.tensor(depths(PARENTS)), attn_mask=ancestor_mask(PARENTS))
     for i in range(len(PARENTS)):

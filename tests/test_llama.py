@@ -1,0 +1,120 @@
+"""The Llama-family switches of the model: RMSNorm, rotary positions, SwiGLU and grouped-query attention.
+
+The cache and tree-mask tests in test_cache.py and test_model.py already run on both architectures; these
+tests check the pieces themselves, and the whole model against transformers' Llama when it is installed."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ARCHS, SMALL, random_model
+from minigpt.cache import KVCache
+from minigpt.model import GPT, GPTConfig, RMSNorm, rotate
+from test_model import tokens
+
+LLAMA = {**SMALL, **ARCHS["llama"]}
+
+
+def test_rms_norm_is_the_formula():
+    x = torch.randn(3, 5, 16)
+    norm = RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 2.0, 16))
+    expected = x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * norm.weight
+    torch.testing.assert_close(norm(x), expected)
+
+
+def test_rotation_keeps_lengths_and_position_zero_is_the_identity():
+    x = torch.randn(2, 3, 7, 8)
+    torch.testing.assert_close(rotate(x, torch.zeros(7, dtype=torch.long), 10000.0), x)
+    turned = rotate(x, torch.arange(7) * 13, 10000.0)
+    torch.testing.assert_close(turned.norm(dim=-1), x.norm(dim=-1))
+    assert not torch.allclose(turned, x)
+
+
+def test_rotary_scores_depend_on_the_distance_only():
+    """q at position m and k at position n give the same score as at m + s and n + s, for any shift s."""
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def score(m, n):
+        return (rotate(q, torch.tensor([m]), 100.0) * rotate(k, torch.tensor([n]), 100.0)).sum().item()
+
+    for m, n in [(5, 2), (9, 9), (3, 30)]:
+        for shift in (1, 17, 200):
+            assert score(m + shift, n + shift) == pytest.approx(score(m, n), abs=1e-4)
+    assert score(5, 2) != pytest.approx(score(5, 3), abs=1e-3)
+
+
+def test_grouped_query_attention_caches_only_the_key_value_heads():
+    model = random_model(0, **ARCHS["llama"])
+    cache = KVCache.for_model(model)
+    assert cache.k.shape == (2, 1, 2, 64, 8)  # (layers, batch, n_kv_head, max_len, head_size)
+    full = KVCache.for_model(random_model(0))
+    assert cache.bytes_per_token() * 2 == full.bytes_per_token()
+
+
+def test_llama_parameters_no_biases_no_position_table():
+    model = GPT(GPTConfig(**LLAMA))
+    names = dict(model.named_parameters())
+    assert "transformer.wpe.weight" not in names
+    assert not any(n.endswith("bias") for n in names)
+    assert names["transformer.h.0.attn.c_attn.weight"].shape == ((4 + 2 * 2) * 8, 32)
+    assert names["transformer.h.0.mlp.c_fc.weight"].shape == (2 * 48, 32)  # gate and up
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (dict(norm="batchnorm"), "norm='batchnorm'"),
+    (dict(pos="alibi"), "pos='alibi'"),
+    (dict(mlp="relu"), "mlp='relu'"),
+    (dict(n_kv_head=3), "not a multiple of n_kv_head=3"),
+    (dict(n_embd=36, n_head=12, pos="rope"), "even head size"),
+])
+def test_bad_switches_are_named(overrides, fragment):
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
+        GPTConfig(**{**SMALL, **overrides})
+
+
+def test_to_hf_refuses_a_llama_config():
+    from minigpt.hf import to_hf
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[peers]')")
+    with pytest.raises(ValueError, match="GPT-2-style models only"):
+        to_hf(random_model(0, **ARCHS["llama"]))
+
+
+def rotate_half_layout(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder the rows of a q or k projection from adjacent-pair rotary layout (ours, the RoPE paper's,
+    llama.cpp's) to the half-split layout that transformers' rotate_half expects: within each head, the
+    even coordinates first, then the odd ones."""
+    hs = w.shape[0] // n_heads
+    return w.view(n_heads, hs // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+
+
+@torch.no_grad()
+def test_same_logits_as_transformers_llama():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed "
+                                                              "(pip install -e '.[peers]')")
+    cfg = GPTConfig(**{**LLAMA, "rope_base": 500.0, "norm_eps": 1e-6})
+    ours = random_model(0, **{k: v for k, v in cfg.to_dict().items() if k not in SMALL})
+    hc = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.hidden,
+        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.block_size, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_base,
+        tie_word_embeddings=True, attention_bias=False, mlp_bias=False)
+    theirs = transformers.LlamaForCausalLM(hc).eval()
+    sd = {"model.embed_tokens.weight": ours.transformer.wte.weight,
+          "model.norm.weight": ours.transformer.ln_f.weight, "lm_head.weight": ours.transformer.wte.weight}
+    hs, nq, nkv = cfg.head_size, cfg.n_head, cfg.kv_heads
+    for i, block in enumerate(ours.transformer.h):
+        q, k, v = block.attn.c_attn.weight.split([nq * hs, nkv * hs, nkv * hs])
+        gate, up = block.mlp.c_fc.weight.chunk(2)
+        pre = f"model.layers.{i}."
+        sd |= {pre + "self_attn.q_proj.weight": rotate_half_layout(q, nq),
+               pre + "self_attn.k_proj.weight": rotate_half_layout(k, nkv),
+               pre + "self_attn.v_proj.weight": v, pre + "self_attn.o_proj.weight": block.attn.c_proj.weight,
+               pre + "mlp.gate_proj.weight": gate, pre + "mlp.up_proj.weight": up,
+               pre + "mlp.down_proj.weight": block.mlp.c_proj.weight,
+               pre + "input_layernorm.weight": block.ln_1.weight,
+               pre + "post_attention_layernorm.weight": block.ln_2.weight}
+    theirs.load_state_dict(sd, strict=True)
+    idx = tokens(40, batch=2, seed=3)
+    torch.testing.assert_close(ours(idx), theirs(idx).logits, atol=1e-4, rtol=1e-4)
