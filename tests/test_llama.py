@@ -118,3 +118,38 @@ def test_same_logits_as_transformers_llama():
     theirs.load_state_dict(sd, strict=True)
     idx = tokens(40, batch=2, seed=3)
     torch.testing.assert_close(ours(idx), theirs(idx).logits, atol=1e-4, rtol=1e-4)
+
+
+# ----- every decoder stays exact on the Llama path; the target's own first layers as a draft -----
+
+@torch.no_grad()
+def test_decoders_greedy_equal_plain_on_a_llama_model():
+    from minigpt.decoding import generate, speculative_generate
+    from minigpt.decoding.lookup import lookup_generate
+    from minigpt.decoding.tree import tree_generate
+    from minigpt.selfspec import early_exit_draft
+    target = random_model(3, **ARCHS["llama"])
+    draft = early_exit_draft(target, 1)
+    for seed in range(6):
+        prompt = tokens(5 + 3 * seed, seed=seed)[0].tolist()
+        plain = generate(target, prompt, 24)
+        assert speculative_generate(target, draft, prompt, 24, gamma=3)[0] == plain, f"chain, prompt {seed}"
+        assert tree_generate(target, draft, prompt, 24, budget=8)[0] == plain, f"tree, prompt {seed}"
+        assert lookup_generate(target, prompt + prompt, 24)[0] == generate(target, prompt + prompt, 24)
+
+
+def test_early_exit_draft_shares_the_weights_and_checks_its_depth():
+    from minigpt.selfspec import early_exit_draft
+    target = random_model(0, **ARCHS["llama"])
+    draft = early_exit_draft(target, 1)
+    assert draft.config.n_layer == 1 and len(draft.transformer.h) == 1
+    assert draft.transformer.h[0] is target.transformer.h[0] and draft.lm_head is target.lm_head
+    assert target.config.n_layer == 2 and len(target.transformer.h) == 2  # the target is untouched
+    idx = tokens(9)
+    with torch.no_grad():  # the draft is the target's first layer read out early
+        h = target.transformer.wte(idx)
+        h = target.transformer.h[0](h, position_ids=torch.arange(9))
+        torch.testing.assert_close(draft(idx), target.lm_head(target.transformer.ln_f(h)))
+    for n in (0, 2):
+        with pytest.raises(ValueError, match="1 <= n_layers < 2"):
+            early_exit_draft(target, n)
