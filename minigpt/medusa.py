@@ -32,36 +32,46 @@ MEDUSA_CHECKPOINT = PACKAGE_CHECKPOINTS / "medusa.pt"
 
 
 class MedusaHead(nn.Module):
-    """One head: a residual SiLU block and an output projection."""
+    """One head: a residual SiLU block and an output projection (its own, or the target's shared one)."""
 
-    def __init__(self, n_embd: int, vocab_size: int):
+    def __init__(self, n_embd: int, vocab_size: int, own_output: bool = True):
         super().__init__()
         self.fc = nn.Linear(n_embd, n_embd)
         nn.init.zeros_(self.fc.weight)   # the block starts as the identity
         nn.init.zeros_(self.fc.bias)
-        self.out = nn.Linear(n_embd, vocab_size, bias=False)
+        self.out = nn.Linear(n_embd, vocab_size, bias=False) if own_output else None
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.out(h + F.silu(self.fc(h)))  # (..., C) -> (..., V)
+    def forward(self, h: torch.Tensor, shared_output: nn.Module | None = None) -> torch.Tensor:
+        z = h + F.silu(self.fc(h))
+        return (self.out if self.out is not None else shared_output)(z)  # (..., C) -> (..., V)
 
 
 class MedusaHeads(nn.Module):
-    """``n_heads`` heads; head k predicts the token k + 2 positions after the hidden state's own token."""
+    """``n_heads`` heads; head k predicts the token k + 2 positions after the hidden state's own token.
 
-    def __init__(self, n_embd: int, vocab_size: int, n_heads: int = 4):
+    With ``shared_output`` (the target's output layer) the heads have no output matrices of their own and
+    all read out through the target's, frozen: for a large vocabulary (SmolLM2: 49152 x 576 = 28M numbers per
+    matrix) that keeps the heads small enough to train and ship. The shared layer is not part of the heads'
+    parameters or state dict."""
+
+    def __init__(self, n_embd: int, vocab_size: int, n_heads: int = 4, shared_output: nn.Module | None = None):
         super().__init__()
-        self.heads = nn.ModuleList(MedusaHead(n_embd, vocab_size) for _ in range(n_heads))
+        self.heads = nn.ModuleList(MedusaHead(n_embd, vocab_size, own_output=shared_output is None)
+                                   for _ in range(n_heads))
+        self.__dict__["shared_output"] = shared_output  # deliberately not registered as a submodule
 
     @classmethod
-    def for_target(cls, target: GPT, n_heads: int = 4) -> "MedusaHeads":
-        heads = cls(target.config.n_embd, target.config.vocab_size, n_heads)
-        for head in heads.heads:  # start from the target's own output embedding
-            head.out.weight.data.copy_(target.lm_head.weight.data)
+    def for_target(cls, target: GPT, n_heads: int = 4, share_output: bool = False) -> "MedusaHeads":
+        heads = cls(target.config.n_embd, target.config.vocab_size, n_heads,
+                    shared_output=target.lm_head if share_output else None)
+        if not share_output:
+            for head in heads.heads:  # start from the target's own output embedding
+                head.out.weight.data.copy_(target.lm_head.weight.data)
         return heads.to(target.device)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h: (..., C) final hidden states -> logits (n_heads, ..., V)."""
-        return torch.stack([head(h) for head in self.heads])
+        return torch.stack([head(h, self.shared_output) for head in self.heads])
 
 
 def medusa_loss(head_logits: torch.Tensor, idx: torch.Tensor, decay: float = 0.8) -> tuple[torch.Tensor, list[float]]:
@@ -132,10 +142,12 @@ def expected_accept_length(paths, rank_acc: torch.Tensor) -> float:
 
 
 def save_heads(heads: MedusaHeads, path: Path = MEDUSA_CHECKPOINT, **extra) -> None:
-    K = len(heads.heads)
-    n_embd, vocab = heads.heads[0].fc.in_features, heads.heads[0].out.out_features
+    K, shared = len(heads.heads), heads.shared_output is not None
+    n_embd = heads.heads[0].fc.in_features
+    vocab = (heads.shared_output if shared else heads.heads[0].out).out_features
     tmp = Path(path).with_suffix(".tmp")
-    torch.save({"config": dict(n_heads=K, n_embd=n_embd, vocab_size=vocab), "heads": heads.state_dict(), **extra}, tmp)
+    config = dict(n_heads=K, n_embd=n_embd, vocab_size=vocab, shared_output=shared)
+    torch.save({"config": config, "heads": heads.state_dict(), **extra}, tmp)
     tmp.replace(path)
 
 
@@ -147,7 +159,8 @@ def load_heads(target: GPT, path: Path | str = MEDUSA_CHECKPOINT) -> MedusaHeads
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
         cfg = ck["config"]
-        heads = MedusaHeads(cfg["n_embd"], cfg["vocab_size"], cfg["n_heads"])
+        heads = MedusaHeads(cfg["n_embd"], cfg["vocab_size"], cfg["n_heads"],
+                            shared_output=target.lm_head if cfg.get("shared_output") else None)
         heads.load_state_dict(ck["heads"])
     except Exception as e:
         raise CheckpointError(f"cannot load Medusa heads from {path}: {str(e).splitlines()[0]}") from None
@@ -168,11 +181,12 @@ def load_medusa(target: GPT, budget: int = 16, path: Path | str = MEDUSA_CHECKPO
 
 
 def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-3, batch_size: int = 16,
-                block_size: int = 256, decay: float = 0.8, eval_every: int = 50) -> dict:
-    """Train ``heads`` on the training split with the target frozen, for ``minutes`` of wall time."""
+                block_size: int = 256, decay: float = 0.8, eval_every: int = 50, data=None) -> dict:
+    """Train ``heads`` with the target frozen, for ``minutes`` of wall time, on ``data`` (token ids; default:
+    the training split of the corpus in the course tokenizer)."""
     from tqdm.auto import tqdm
     from .data import get_batch, load_tokens
-    train = load_tokens("train")
+    train = load_tokens("train") if data is None else data
     was_trainable = [p.requires_grad for p in target.parameters()]
     target.eval().requires_grad_(False)
     heads.train()

@@ -242,3 +242,25 @@ def test_save_load_roundtrip_and_one_line_errors(tmp_path):
     with pytest.raises(CheckpointError) as e:
         load_heads(model, tmp_path / "junk.pt")
     assert "\n" not in str(e.value)
+
+
+def test_heads_can_share_the_targets_output_layer(tmp_path):
+    """For a large vocabulary the heads read out through the target's own (frozen) output layer: no output
+    matrices of their own, none in the saved file, and a round trip through save/load gives the same logits."""
+    from minigpt.medusa import MedusaHeads, load_heads, save_heads
+    target = random_model(0)
+    heads = MedusaHeads.for_target(target, n_heads=3, share_output=True)
+    assert not any("out" in name for name, _ in heads.named_parameters())
+    assert sum(p.numel() for p in heads.parameters()) == 3 * (32 * 32 + 32)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.1)
+    h = torch.randn(2, 5, 32)
+    logits = heads(h)
+    assert logits.shape == (3, 2, 5, 97)
+    with torch.no_grad():  # head 0 by hand: residual SiLU block, then the target's output layer
+        z = h + torch.nn.functional.silu(heads.heads[0].fc(h))
+        torch.testing.assert_close(logits[0], target.lm_head(z))
+    save_heads(heads, tmp_path / "heads.pt")
+    again = load_heads(target, tmp_path / "heads.pt")
+    torch.testing.assert_close(again(h), logits)
