@@ -40,11 +40,14 @@ from .prompts import Prompt, code_prompts, edit_prompts
 
 @dataclass
 class Models:
-    """What a method may use: the shipped target, draft and Medusa heads (with the heads' tree)."""
+    """What a method may use: the target, a draft, Medusa heads (with the heads' tree), and the depth of the
+    target's own early-exit draft (self-speculation; default a third of its layers)."""
     target: torch.nn.Module
     draft: torch.nn.Module | None = None
     medusa_heads: torch.nn.Module | None = None
     medusa_paths: list | None = None
+    early_exit_layers: int | None = None
+    hf_target: object | None = None  # transformers' own model of the same weights (for --peers), if it has one
 
     @classmethod
     def shipped(cls, device, medusa: bool = False) -> "Models":
@@ -98,6 +101,14 @@ def _prompt_lookup(models: Models, prompt, max_new_tokens: int, max_ngram: int, 
     return lookup_generate(models.target, prompt, max_new_tokens, max_ngram=max_ngram, num_pred=num_pred)
 
 
+@register("self_spec", "the target's own first layers draft gamma tokens (early exit), the full target verifies",
+          gamma=4)
+def _self_spec(models: Models, prompt, max_new_tokens: int, gamma: int):
+    from .selfspec import early_exit_draft
+    n = models.early_exit_layers or max(1, models.target.config.n_layer // 3)
+    return speculative_generate(models.target, early_exit_draft(models.target, n), prompt, max_new_tokens, gamma=gamma)
+
+
 @register("medusa", "Medusa heads on the target propose a sparse candidate tree; exact (tree) verification")
 def _medusa(models: Models, prompt, max_new_tokens: int):
     return medusa_generate(models.target, models.medusa_heads, prompt, max_new_tokens, paths=models.medusa_paths)
@@ -106,6 +117,9 @@ def _medusa(models: Models, prompt, max_new_tokens: int):
 COUNTS = ("new_tokens", "target_passes", "draft_passes", "proposed", "tested", "accepted", "rounds")
 PRESETS = {"full": dict(n_code=8, n_edit=4, max_new_tokens=64, repeats=5),
            "quick": dict(n_code=3, n_edit=1, max_new_tokens=32, repeats=3)}
+# SmolLM2 (--model smollm2): chat requests instead of code windows; per_kind None = all ten requests
+REAL_PRESETS = {"full": dict(per_kind=None, max_new_tokens=64, repeats=3),
+                "quick": dict(per_kind=1, max_new_tokens=32, repeats=2)}
 
 
 def check_device(name: str | None) -> torch.device:
@@ -165,7 +179,8 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
     peer_fns = {}
     if peers:
         from .peers import PAIRS, peer_methods, settings_from_bench
-        peer_fns = {n: fn for n, fn in peer_methods(models.target, models.draft, **settings_from_bench(params)).items()
+        peer_fns = {n: fn for n, fn in peer_methods(models.target, models.draft, hf_target=models.hf_target,
+                                                    **settings_from_bench(params)).items()
                     if PAIRS[n] in names}
         names += list(peer_fns)
         params.update({n: fn.params for n, fn in peer_fns.items()})
@@ -287,6 +302,9 @@ def main(argv=None) -> int:
     ap.add_argument("--peers", action="store_true",
                     help="also run Hugging Face transformers' decoders on the same weights (hf_plain, hf_assisted, "
                          "hf_prompt_lookup); needs pip install -e '.[peers]'")
+    ap.add_argument("--model", choices=["course", "smollm2"], default="course",
+                    help="course: the shipped target and drafters (default); smollm2: the real model of Lesson 09 "
+                         "(fetch it first: python -m minigpt.smollm fetch)")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads for torch (default 1: the models are tiny, and on a busy machine more "
                          "threads were measured to slow decoding down many times over; 0 = torch's default)")
@@ -303,27 +321,62 @@ def main(argv=None) -> int:
     except ValueError as e:  # one line, no usage dump: the message says what to do
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
+    if args.threads < 0:
+        ap.error("threads must be 0 (torch's default) or more")
+    if args.threads and dev.type == "cpu":
+        torch.set_num_threads(args.threads)
+    if args.gamma is not None and args.gamma < 1:
+        ap.error("gamma must be at least 1")
+    if args.model == "smollm2":
+        return _main_smollm2(args, ap, names, dev)
     cfg = dict(PRESETS["quick" if args.quick else "full"])
     for k in cfg:
         if getattr(args, k) is not None:
             cfg[k] = getattr(args, k)
     if cfg["repeats"] < 1 or cfg["max_new_tokens"] < 1 or cfg["n_code"] + cfg["n_edit"] < 1:
         ap.error("repeats, max-new-tokens and the number of prompts must be positive")
-    if args.gamma is not None and args.gamma < 1:
-        ap.error("gamma must be at least 1")
-    if args.threads < 0:
-        ap.error("threads must be 0 (torch's default) or more")
-    if args.threads and dev.type == "cpu":
-        torch.set_num_threads(args.threads)
     print(f"benchmarking {', '.join(names)} on {dev}: {cfg}", file=sys.stderr)
     records = run_bench(names, gamma=args.gamma, device=dev, peers=args.peers,
                         log=lambda m: print(m, file=sys.stderr), **cfg)
+    return _report(records, args.json)
+
+
+def _report(records: list[dict], json_path: str | None) -> int:
     print(format_table(records))
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(records, f, indent=2)
-        print(f"wrote {args.json}", file=sys.stderr)
+        print(f"wrote {json_path}", file=sys.stderr)
     return 0 if all(r["identical_to_plain_greedy"] for r in records) else 1
+
+
+def _main_smollm2(args, ap, names: list[str], dev) -> int:
+    """The benchmark on SmolLM2-135M-Instruct (Lesson 09) with the drafters that exist for it."""
+    from . import real
+    from .checkpoint import CheckpointError
+    cfg = dict(REAL_PRESETS["quick" if args.quick else "full"])
+    for k in ("max_new_tokens", "repeats"):
+        if getattr(args, k) is not None:
+            cfg[k] = getattr(args, k)
+    try:
+        models = real.smollm2_models(dev, draft=True, medusa="medusa" in names)
+        if args.peers:
+            models.hf_target = real.load_hf_smollm(dev)
+        prompts = real.real_prompts(per_kind=cfg.pop("per_kind"))
+    except (FileNotFoundError, ImportError, CheckpointError) as e:
+        print(f"{ap.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    missing = {"chain": models.draft, "tree": models.draft, "medusa": models.medusa_heads}
+    skipped = [n for n in names if n in missing and missing[n] is None]
+    if skipped:
+        print(f"skipping {', '.join(skipped)}: no trained drafter for SmolLM2 is installed "
+              f"(python -m minigpt.real train-draft / train-medusa)", file=sys.stderr)
+    names = [n for n in names if n not in skipped]
+    print(f"benchmarking {', '.join(names)} on SmolLM2-135M-Instruct, {dev}: {len(prompts)} chat prompts, {cfg}",
+          file=sys.stderr)
+    records = run_bench(names, gamma=args.gamma, models=models, prompts=prompts, peers=args.peers,
+                        log=lambda m: print(m, file=sys.stderr), **cfg)
+    return _report(records, args.json)
 
 
 if __name__ == "__main__":

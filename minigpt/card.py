@@ -49,33 +49,50 @@ def measure_acceptance(target, draft, n_prompts: int = 16, max_new_tokens: int =
                 identical_to_plain_greedy=bool(identical))
 
 
-def build_card(n_prompts: int) -> dict:
+TARGETS = dict(tokens_per_target_pass=2.5, acceptance_rate_alpha=0.6, cost_ratio_c=0.15)  # from the course's brief
+
+
+def check_targets(pair: dict) -> dict:
+    """The pair's goals (at gamma 4, greedy, held-out code) next to what was measured, and whether all are met."""
+    met = (pair["tokens_per_target_pass"] >= TARGETS["tokens_per_target_pass"]
+           and pair["acceptance_rate_alpha"] >= TARGETS["acceptance_rate_alpha"]
+           and pair["cost_ratio_c"] <= TARGETS["cost_ratio_c"])
+    return dict(tokens_per_target_pass=f">= {TARGETS['tokens_per_target_pass']}",
+                acceptance_rate_alpha=f">= {TARGETS['acceptance_rate_alpha']}",
+                cost_ratio_c=f"<= {TARGETS['cost_ratio_c']}", met=met)
+
+
+def build_card(n_prompts: int, history: str | None = None) -> dict:
     target, draft = load_pretrained("target", "cpu"), load_pretrained("draft", "cpu")
     models = {}
     for name, model in (("target", target), ("draft", draft)):
         info = json.loads(read_checkpoint(PACKAGE_CHECKPOINTS / f"{name}.pt").get("train_info", "{}"))
         models[name] = dict(config=model.config.to_dict(), params=model.num_params(), training=info)
-    return dict(
+    pair = dict(measure_acceptance(target, draft, n_prompts), **measure_cost_ratio(target, draft),
+                measured_on=f"{platform.machine()} CPU, {torch.get_num_threads()} threads, fp32, torch {torch.__version__}")
+    card = dict(
         data=("Python standard library source of CPython " + platform.python_version() +
               " (tests excluded), train/validation split by file (5% held out); tokenizer: 4096-token byte-level "
               "BPE trained on the train split (minigpt/assets/stdlib_bpe.tiktoken)"),
-        models=models,
-        pair=dict(measure_acceptance(target, draft, n_prompts), **measure_cost_ratio(target, draft),
-                  measured_on=f"{platform.machine()} CPU, {torch.get_num_threads()} threads, fp32, "
-                              f"torch {torch.__version__}"),
-    )
+        models=models, pair=pair, targets_from_issue=check_targets(pair))
+    if history:
+        card["history"] = history
+    return card
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=16, help="held-out code prompts for the acceptance rate")
     ap.add_argument("--write", action="store_true", help="write minigpt/checkpoints/card.json")
+    ap.add_argument("--history", help="how the pair was trained, in words (default: keep the current card's)")
     args = ap.parse_args(argv)
-    card = build_card(args.prompts)
+    path = PACKAGE_CHECKPOINTS / "card.json"
+    history = args.history or (json.loads(path.read_text()).get("history") if path.exists() else None)
+    card = build_card(args.prompts, history)
     text = json.dumps(card, indent=2)
     print(text)
     if args.write:
-        (PACKAGE_CHECKPOINTS / "card.json").write_text(text + "\n")
+        path.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -71,12 +71,13 @@ class PeerMethod:
     @torch.no_grad()
     def __call__(self, prompt, max_new_tokens: int) -> list[int]:
         lookahead = self.kwargs.get("prompt_lookup_num_tokens", 0)
-        if len(prompt) + max_new_tokens + lookahead > self.hf.config.n_positions:
+        context = getattr(self.hf.config, "n_positions", None) or self.hf.config.max_position_embeddings
+        if len(prompt) + max_new_tokens + lookahead > context:
             # transformers' prompt lookup may verify up to num_pred tokens past max_length (an IndexError in
             # the position table), so it needs that much room beyond the requested length
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens})"
                              f"{f' + lookahead ({lookahead})' if lookahead else ''} exceeds the model's context "
-                             f"of {self.hf.config.n_positions} tokens")
+                             f"of {context} tokens")
         ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.hf.device)  # (1, T)
         extra = {"assistant_model": self.assistant} if self.assistant is not None else {}
         t_before = self.hf.minigpt_passes
@@ -100,16 +101,19 @@ class PeerMethod:
 
 
 def peer_methods(target: GPT, draft: GPT | None = None, gamma: int = 4, max_ngram: int = 3, num_pred: int = 8,
-                 eos_id: int | None = None) -> dict[str, PeerMethod]:
+                 eos_id: int | None = None, hf_target=None) -> dict[str, PeerMethod]:
     """transformers' greedy decoders on converted copies of ``target`` (and ``draft``, for assisted
     generation): ``{"hf_plain", "hf_assisted", "hf_prompt_lookup"} -> fn(prompt, max_new_tokens) -> ids``.
 
     ``gamma``: tokens the assistant drafts per round (constant); ``max_ngram``/``num_pred``: prompt lookup's
-    longest n-gram and number of copied tokens. ``eos_id``: stop after this token (default: never)."""
+    longest n-gram and number of copied tokens. ``eos_id``: stop after this token (default: never).
+    ``hf_target``: transformers' own model of the same weights, when it can load them itself (SmolLM2 from
+    its GGUF file) instead of a conversion of ``target``."""
     version = require_transformers().__version__
-    hf_target = to_hf(target)
+    source = "same weights, loaded by transformers" if hf_target is not None else "converted target"
+    hf_target = to_hf(target) if hf_target is None else hf_target
     methods = {"hf_plain": PeerMethod("hf_plain", hf_target, eos_id=eos_id,
-                                      description=f"transformers {version} greedy generate (converted target)")}
+                                      description=f"transformers {version} greedy generate ({source})")}
     if draft is not None:
         hf_draft = to_hf(draft)
         cfg = hf_draft.generation_config  # assisted generation reads its settings from the assistant's config

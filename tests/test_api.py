@@ -82,3 +82,15 @@ def test_device_override(monkeypatch):
     assert "MINIGPT_DEVICE='warp-drive'" in str(e.value) and "\n" not in str(e.value)
     monkeypatch.delenv("MINIGPT_DEVICE")
     assert minigpt.get_device().type in ("cuda", "mps", "cpu")
+
+
+def test_the_card_reports_the_measured_pair_and_its_goals():
+    from minigpt.card import check_targets
+    card = minigpt.model_card()
+    pair = card["pair"]
+    assert 0 < pair["acceptance_rate_alpha"] <= 1 and 1 <= pair["tokens_per_target_pass"] <= pair["gamma"] + 1
+    assert 0 < pair["cost_ratio_c"] < 1 and pair["identical_to_plain_greedy"] is True
+    assert card["targets_from_issue"] == check_targets(pair)  # "met" is what the numbers say, not a claim
+    for name in ("target", "draft"):
+        training = card["models"][name]["training"]
+        assert training["steps"] > 0 and training["tokens_seen"] > 0 and training["val_loss"] > 0

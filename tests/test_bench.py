@@ -106,6 +106,16 @@ def test_records_on_small_models_have_the_schema_and_are_exact():
     assert chain["draft_passes"] > 0
 
 
+def test_self_speculation_method_is_exact_and_uses_the_early_exit_depth():
+    models = small_pair()
+    records = bench.run_bench(["self_spec"], models=models, prompts=small_prompts(2), max_new_tokens=8, repeats=1)
+    assert records[1]["method"] == "self_spec" and records[1]["identical_to_plain_greedy"] is True
+    assert records[1]["draft_passes"] > 0 and records[1]["gamma"] == 4
+    models.early_exit_layers = 5  # deeper than the 2-layer target: the one-line error of early_exit_draft
+    with pytest.raises(ValueError, match="1 <= n_layers < 2"):
+        bench.run_bench(["self_spec"], models=models, prompts=small_prompts(1), max_new_tokens=4, repeats=1)
+
+
 def test_identity_check_catches_a_wrong_method(monkeypatch):
     def off_by_one(models, prompt, max_new_tokens):  # plain greedy, but its last token is wrong
         stats = bench.DecodeStats()
