@@ -160,14 +160,14 @@ class MLP(nn.Module):
         # SwiGLU has two input projections (gate and up), computed as one matmul and split
         self.c_fc = nn.Linear(config.n_embd, (2 if self.swiglu else 1) * config.hidden, bias=config.bias)
         self.c_proj = nn.Linear(config.hidden, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
             gate, up = self.c_fc(x).chunk(2, dim=-1)
-            return self.dropout(self.c_proj(F.silu(gate) * up))
+            return F.dropout(self.c_proj(F.silu(gate) * up), self.dropout, self.training)
         # GPT-2 uses the tanh approximation of GELU; we keep it so converted weights behave identically.
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        return F.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")), self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -191,7 +191,6 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=make_norm(config),
         ))
@@ -244,16 +243,20 @@ class GPT(nn.Module):
         past = cache.length if cache is not None else 0
         if cache is not None and cache.batch_size != B:
             raise ValueError(f"cache holds batch size {cache.batch_size} but idx has batch size {B}")
-        if position_ids is None:
-            position_ids = torch.arange(past, past + T, device=idx.device)
-        elif position_ids.shape != (T,):
-            raise ValueError(f"position_ids must have shape ({T},), got {tuple(position_ids.shape)}")
         if T == 0:
             raise ValueError("idx holds no tokens")
-        if int(position_ids.min()) < 0:
-            raise ValueError(f"position_ids must be >= 0, got {int(position_ids.min())}")
-        if int(position_ids.max()) >= self.config.block_size:
-            raise ValueError(f"sequence too long: positions up to {int(position_ids.max())} but the model's context "
+        if position_ids is None:
+            # the usual case, checked with plain integers: reading a tensor's min/max would cost two reductions
+            # and two waits for the device on every decoding step
+            first, last = past, past + T - 1
+        elif position_ids.shape != (T,):
+            raise ValueError(f"position_ids must have shape ({T},), got {tuple(position_ids.shape)}")
+        else:
+            first, last = int(position_ids.min()), int(position_ids.max())
+        if first < 0:
+            raise ValueError(f"position_ids must be >= 0, got {first}")
+        if last >= self.config.block_size:
+            raise ValueError(f"sequence too long: positions up to {last} but the model's context "
                              f"is {self.config.block_size} tokens")
 
         mask = None
@@ -269,9 +272,12 @@ class GPT(nn.Module):
             mask = torch.cat([torch.ones(T, past, dtype=torch.bool, device=idx.device), mask], dim=1)
 
         x = self.transformer.wte(idx)  # (B, T, C)
-        if "wpe" in self.transformer:
-            x = x + self.transformer.wpe(position_ids)
-        x = self.transformer.drop(x)
+        if "wpe" in self.transformer:  # learned positions: consecutive ones are a slice of the table
+            wpe = self.transformer.wpe
+            x = x + (wpe.weight[past:past + T] if position_ids is None else wpe(position_ids))
+        elif position_ids is None:      # rotary positions need the ids themselves
+            position_ids = torch.arange(past, past + T, device=idx.device)
+        x = F.dropout(x, self.config.dropout, self.training)  # a no-op when not training
         for i, block in enumerate(self.transformer.h):
             x = block(x, mask, cache, i, position_ids)
         if cache is not None:

@@ -14,6 +14,7 @@ target would have produced it, so imitating the target is exactly the draft's jo
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import platform
@@ -40,6 +41,8 @@ class Preset:
     block_size: int = 256
     max_steps: int = 2000
     warmup: int = 50
+    tokenizer: str = "course"   # "smollm2": the corpus in SmolLM2's tokenizer (a draft for the real model)
+    ship_dtype: str = "float32"  # dtype of the exported weights (a bfloat16 draft is half the download)
 
 
 PRESETS = {
@@ -47,7 +50,12 @@ PRESETS = {
     "target": Preset(GPTConfig(n_layer=6, n_head=8, n_embd=256)),
     # ~0.7M parameters, one thin layer: as few operations as possible, because on a CPU a tiny model's
     # cost is mostly per-operation overhead, not arithmetic
-    "draft": Preset(GPTConfig(n_layer=1, n_head=4, n_embd=128)),
+    "draft": Preset(GPTConfig(n_layer=1, n_head=3, n_embd=96)),
+    # a draft for SmolLM2-135M (Lesson 09): its 49152-token vocabulary, one thin layer; hard labels, since
+    # running the 135M teacher over every batch is too slow on a laptop CPU
+    "smollm2-draft": Preset(GPTConfig(vocab_size=49152, block_size=512, n_layer=1, n_head=4, n_embd=128),
+                            batch_size=16, block_size=256, max_steps=800, warmup=30, tokenizer="smollm2",
+                            ship_dtype="bfloat16"),
     # a few seconds of training, for tests
     "tiny": Preset(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64), batch_size=8, block_size=64,
                    max_steps=20, warmup=2),
@@ -132,7 +140,9 @@ def export(run: Run, val_loss: float, extra: dict | None = None) -> Path:
     info = dict(preset=run.name, steps=run.step, tokens_seen=run.tokens, train_seconds=round(run.seconds),
                 val_loss=round(val_loss, 4), params=run.model.num_params(), batch_size=run.preset.batch_size,
                 block_size=run.preset.block_size, peak_lr=run.preset.lr, **(extra or {}))
-    save_checkpoint(path, run.model, train_info=json.dumps(info))
+    model = run.model if run.preset.ship_dtype == "float32" else \
+        copy.deepcopy(run.model).to(getattr(torch, run.preset.ship_dtype))
+    save_checkpoint(path, model, train_info=json.dumps(info))
     return path
 
 
@@ -166,7 +176,11 @@ def main(argv=None) -> None:
     if teacher is not None and len(runs) != 1:
         sys.exit("error: --teacher goes with a single preset (use --preset pair to train both together)")
     lead = runs[0]
-    train_data, val_data = load_tokens("train"), load_tokens("val")
+    enc = None
+    if lead.preset.tokenizer == "smollm2":
+        from .smollm import load_smollm_tokenizer
+        enc = load_smollm_tokenizer()
+    train_data, val_data = load_tokens("train", enc), load_tokens("val", enc)
     g = torch.Generator().manual_seed(args.seed + lead.step)  # a resumed run sees new batches
     t_start, budget = time.time(), (args.minutes * 60 if args.minutes else float("inf"))
     bar = tqdm(total=lead.preset.max_steps, initial=lead.step, desc=args.preset, dynamic_ncols=True)
