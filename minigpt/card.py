@@ -62,13 +62,25 @@ def check_targets(pair: dict) -> dict:
                 cost_ratio_c=f"<= {TARGETS['cost_ratio_c']}", met=met)
 
 
+@torch.no_grad()
+def measure_agreement(target, draft, windows: int = 16, block_size: int = 256) -> float:
+    """How often the draft's top token equals the target's on held-out text (teacher-forced: both read the
+    real file, not their own output). Greedy continuations of a small target often fall into repetition,
+    which a draft predicts easily; this number has no such help."""
+    from .data import get_batch, load_tokens
+    x, _ = get_batch(load_tokens("val"), windows, block_size, torch.Generator().manual_seed(99))
+    return float((target(x).argmax(-1) == draft(x).argmax(-1)).float().mean())
+
+
 def build_card(n_prompts: int, history: str | None = None) -> dict:
     target, draft = load_pretrained("target", "cpu"), load_pretrained("draft", "cpu")
     models = {}
     for name, model in (("target", target), ("draft", draft)):
         info = json.loads(read_checkpoint(PACKAGE_CHECKPOINTS / f"{name}.pt").get("train_info", "{}"))
         models[name] = dict(config=model.config.to_dict(), params=model.num_params(), training=info)
-    pair = dict(measure_acceptance(target, draft, n_prompts), **measure_cost_ratio(target, draft),
+    pair = dict(measure_acceptance(target, draft, n_prompts),
+                argmax_agreement_on_held_out_text=round(measure_agreement(target, draft), 4),
+                **measure_cost_ratio(target, draft),
                 measured_on=f"{platform.machine()} CPU, {torch.get_num_threads()} threads, fp32, torch {torch.__version__}")
     card = dict(
         data=("Python standard library source of CPython " + platform.python_version() +

