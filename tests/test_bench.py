@@ -168,3 +168,10 @@ def test_cli_quick_json_on_the_shipped_pair(tmp_path, target, draft):
     assert records[0]["tokens_per_target_pass"] == 1 and records[0]["acceptance_rate"] is None
     assert 0 <= records[1]["acceptance_rate"] <= 1 and records[1]["gamma"] == 4
     assert "identical" in proc.stdout and "chain" in proc.stdout  # the table
+
+
+def test_cli_smollm2_without_the_file_is_one_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MINIGPT_SMOLLM_GGUF", str(tmp_path / "absent.gguf"))
+    assert bench.main(["--model", "smollm2", "--quick"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "error:" in err[-1] and "python -m minigpt.smollm fetch" in err[-1]
