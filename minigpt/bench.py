@@ -165,12 +165,13 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
     prompt_lookup) added if missing; their records get ``ours_over_theirs`` (our method's tokens/s over theirs,
     median over repeats) and ``identical_to_ours``. ``log``: a function to report progress to."""
     names = check_methods(methods)
-    if peers:
-        from .peers import PAIRS
-        names += [ours for ours in PAIRS.values() if ours in METHODS and ours not in names]
     dev = check_device(device) if models is None else models.target.device
     if models is None:
         models = Models.shipped(dev, medusa="medusa" in names)
+    if peers:  # our side of each pair joins the race (the chain only when there is a draft to assist with)
+        from .peers import PAIRS
+        names += [ours for ours in PAIRS.values()
+                  if ours in METHODS and ours not in names and (ours != "chain" or models.draft is not None)]
     prompts = prompts if prompts is not None else bench_prompts(n_code, n_edit)
     if not prompts:
         raise ValueError("no prompts to run")

@@ -141,3 +141,15 @@ def test_bench_peers_records():
             assert ours in by_name and r["ours"] == ours
             assert r["identical_to_ours"] is True and r["identical_to_plain_greedy"] is True
             assert r["tokens_per_s"] > 0 and r["ours_over_theirs"] > 0
+
+
+def test_bench_peers_without_a_draft_races_what_it_can():
+    """No draft: transformers' plain and prompt-lookup decoders race ours; assisted generation (and our chain,
+    its partner) are left out instead of failing."""
+    from minigpt import bench
+    models = bench.Models(random_model(0))
+    prompts = [list(range(5, 17)), list(range(20, 30)) * 2]
+    records = bench.run_bench(["plain"], models=models, prompts=prompts, max_new_tokens=6, repeats=1, peers=True)
+    names = [r["method"] for r in records]
+    assert names == ["plain", "prompt_lookup", "hf_plain", "hf_prompt_lookup"]
+    assert all(r["identical_to_plain_greedy"] for r in records)
