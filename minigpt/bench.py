@@ -40,14 +40,16 @@ from .prompts import Prompt, code_prompts, edit_prompts
 
 @dataclass
 class Models:
-    """What a method may use: the target, a draft, Medusa heads (with the heads' tree), and the depth of the
-    target's own early-exit draft (self-speculation; default a third of its layers)."""
+    """What a method may use: the target, a draft, Medusa heads (with the heads' tree), the depth of the
+    target's own early-exit draft (self-speculation; default a third of its layers), and the token that ends
+    an answer (every method stops after it; None: never stop early)."""
     target: torch.nn.Module
     draft: torch.nn.Module | None = None
     medusa_heads: torch.nn.Module | None = None
     medusa_paths: list | None = None
     early_exit_layers: int | None = None
     hf_target: object | None = None  # transformers' own model of the same weights (for --peers), if it has one
+    eos_id: int | None = None
 
     @classmethod
     def shipped(cls, device, medusa: bool = False) -> "Models":
@@ -80,25 +82,26 @@ def register(name: str, description: str = "", **params):
 @register("plain", "one target pass per token, with a KV cache")
 def _plain(models: Models, prompt, max_new_tokens: int):
     stats = DecodeStats()
-    return generate(models.target, prompt, max_new_tokens, stats=stats), stats
+    return generate(models.target, prompt, max_new_tokens, eos_id=models.eos_id, stats=stats), stats
 
 
 @register("chain", "draft model proposes gamma tokens, target verifies them in one pass", gamma=4)
 def _chain(models: Models, prompt, max_new_tokens: int, gamma: int):
-    return speculative_generate(models.target, models.draft, prompt, max_new_tokens, gamma=gamma)
+    return speculative_generate(models.target, models.draft, prompt, max_new_tokens, gamma=gamma, eos_id=models.eos_id)
 
 
 @register("tree", "draft model grows a token tree (top-k at uncertain positions), target verifies it in one pass",
           budget=12, max_depth=6, branch=2, threshold=0.6)
 def _tree(models: Models, prompt, max_new_tokens: int, budget: int, max_depth: int, branch: int, threshold: float):
     return tree_generate(models.target, models.draft, prompt, max_new_tokens, budget=budget, max_depth=max_depth,
-                         branch=branch, threshold=threshold)
+                         branch=branch, threshold=threshold, eos_id=models.eos_id)
 
 
 @register("prompt_lookup", "copy what followed the last earlier occurrence of the current suffix; no draft model",
           max_ngram=3, num_pred=8)
 def _prompt_lookup(models: Models, prompt, max_new_tokens: int, max_ngram: int, num_pred: int):
-    return lookup_generate(models.target, prompt, max_new_tokens, max_ngram=max_ngram, num_pred=num_pred)
+    return lookup_generate(models.target, prompt, max_new_tokens, max_ngram=max_ngram, num_pred=num_pred,
+                           eos_id=models.eos_id)
 
 
 @register("self_spec", "the target's own first layers draft gamma tokens (early exit), the full target verifies",
@@ -106,12 +109,14 @@ def _prompt_lookup(models: Models, prompt, max_new_tokens: int, max_ngram: int, 
 def _self_spec(models: Models, prompt, max_new_tokens: int, gamma: int):
     from .selfspec import early_exit_draft
     n = models.early_exit_layers or max(1, models.target.config.n_layer // 3)
-    return speculative_generate(models.target, early_exit_draft(models.target, n), prompt, max_new_tokens, gamma=gamma)
+    return speculative_generate(models.target, early_exit_draft(models.target, n), prompt, max_new_tokens, gamma=gamma,
+                                eos_id=models.eos_id)
 
 
 @register("medusa", "Medusa heads on the target propose a sparse candidate tree; exact (tree) verification")
 def _medusa(models: Models, prompt, max_new_tokens: int):
-    return medusa_generate(models.target, models.medusa_heads, prompt, max_new_tokens, paths=models.medusa_paths)
+    return medusa_generate(models.target, models.medusa_heads, prompt, max_new_tokens, paths=models.medusa_paths,
+                           eos_id=models.eos_id)
 
 
 COUNTS = ("new_tokens", "target_passes", "draft_passes", "proposed", "tested", "accepted", "rounds")
@@ -163,7 +168,10 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
     shipped pair / the default prompt set (tests use this). ``peers``: also run Hugging Face transformers'
     decoders (:mod:`minigpt.peers`) on the same weights, with our matching methods (plain, chain,
     prompt_lookup) added if missing; their records get ``ours_over_theirs`` (our method's tokens/s over theirs,
-    median over repeats) and ``identical_to_ours``. ``log``: a function to report progress to."""
+    median over repeats) and ``identical_to_ours``. ``log``: a function to report progress to.
+
+    Each record's ``by_kind`` repeats the counts, times and speedups for the prompts of each kind alone (the
+    ``kind`` of a :class:`~minigpt.prompts.Prompt`), from the same interleaved runs."""
     names = check_methods(methods)
     dev = check_device(device) if models is None else models.target.device
     if models is None:
@@ -181,7 +189,7 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
     if peers:
         from .peers import PAIRS, peer_methods, settings_from_bench
         peer_fns = {n: fn for n, fn in peer_methods(models.target, models.draft, hf_target=models.hf_target,
-                                                    **settings_from_bench(params)).items()
+                                                    eos_id=models.eos_id, **settings_from_bench(params)).items()
                     if PAIRS[n] in names}
         names += list(peer_fns)
         params.update({n: fn.params for n, fn in peer_fns.items()})
@@ -202,7 +210,7 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
     outputs = {n: [None] * len(prompts) for n in names}       # first repeat's output per prompt
     stats = {n: [None] * len(prompts) for n in names}
     identical = {n: [True] * len(prompts) for n in names}
-    times = {n: [0.0] * repeats for n in names}                # total seconds over all prompts, per repeat
+    times = {n: [[0.0] * len(prompts) for _ in range(repeats)] for n in names}  # seconds per repeat and prompt
     for r in range(repeats):
         if log:
             log(f"repeat {r + 1}/{repeats}")
@@ -210,7 +218,7 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
             k = (i + r) % len(names)
             for name in names[k:] + names[:k]:  # rotate the order so no method always goes first
                 ids, st, dt = call(name, prompt)
-                times[name][r] += dt
+                times[name][r][i] = dt
                 if r == 0:
                     outputs[name][i], stats[name][i] = ids, st
                 elif ids != outputs[name][i]:
@@ -230,18 +238,27 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
         return s
 
     kind_of = [getattr(p, "kind", "") or "prompt" for p in prompts]  # "code", "edit", ... per prompt
+
+    def timing(name, idx):  # per repeat: the seconds spent on the prompts idx, and the speedup over plain
+        t = [sum(times[name][r][i] for i in idx) for r in range(repeats)]
+        return t, [sum(times["plain"][r][i] for i in idx) / tr for r, tr in enumerate(t)]
+
     records = []
     for n in names:
         s = totals(n, range(len(prompts)))
-        tps = [new_tokens[n] / t for t in times[n]]
-        speedups = [tp / t for tp, t in zip(times["plain"], times[n])]
+        total_times, speedups = timing(n, range(len(prompts)))
+        tps = [new_tokens[n] / t for t in total_times]
         by_kind = {}
         for kind in sorted(set(kind_of)):
             idx = [i for i, k in enumerate(kind_of) if k == kind]
             sk = totals(n, idx)
-            by_kind[kind] = dict(n_prompts=len(idx),
+            tk, spk = timing(n, idx)
+            by_kind[kind] = dict(n_prompts=len(idx), new_tokens=sum(len(outputs[n][i]) for i in idx),
                                  tokens_per_target_pass=_finite(sk.tokens_per_target_pass),
-                                 acceptance_rate=_finite(sk.acceptance_rate) if sk.tested else None)
+                                 acceptance_rate=_finite(sk.acceptance_rate) if sk.tested else None,
+                                 time_s_median=statistics.median(tk), speedup_vs_plain=statistics.median(spk),
+                                 speedup_min=min(spk), speedup_max=max(spk),
+                                 identical_to_plain_greedy=all(identical[n][i] for i in idx))
         records.append(dict(
             method=n, description=peer_fns[n].description if n in peer_fns else METHODS[n].description,
             params=params[n], gamma=params[n].get("gamma"),
@@ -252,7 +269,7 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
             tokens_per_target_pass=_finite(s.tokens_per_target_pass),
             acceptance_rate=_finite(s.acceptance_rate) if s.tested else None,
             tokens_per_s=statistics.median(tps), tokens_per_s_min=min(tps), tokens_per_s_max=max(tps),
-            time_s_median=statistics.median(times[n]), time_s_min=min(times[n]), time_s_max=max(times[n]),
+            time_s_median=statistics.median(total_times), time_s_min=min(total_times), time_s_max=max(total_times),
             speedup_vs_plain=statistics.median(speedups), speedup_min=min(speedups), speedup_max=max(speedups),
             identical_to_plain_greedy=all(identical[n]),
             mismatched_prompts=[p.name if isinstance(p, Prompt) else i
@@ -262,7 +279,13 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
         if n in peer_fns:  # transformers' method next to our matching one, timed in the same loop
             ours = PAIRS[n]
             records[-1].update(ours=ours, identical_to_ours=outputs[n] == outputs[ours],
-                               ours_over_theirs=statistics.median(t / o for t, o in zip(times[n], times[ours])))
+                               ours_over_theirs=statistics.median(t / o for t, o in zip(total_times,
+                                                                                          timing(ours, range(len(prompts)))[0])))
+            for kind, bk in by_kind.items():
+                idx = [i for i, k in enumerate(kind_of) if k == kind]
+                theirs, ours_t = timing(n, idx)[0], timing(ours, idx)[0]
+                bk.update(identical_to_ours=all(outputs[n][i] == outputs[ours][i] for i in idx),
+                          ours_over_theirs=statistics.median(t / o for t, o in zip(theirs, ours_t)))
     return records
 
 

@@ -1,4 +1,5 @@
-"""Converting minigpt models to and from Hugging Face transformers' ``GPT2LMHeadModel``.
+"""Converting minigpt models to and from Hugging Face transformers' ``GPT2LMHeadModel`` (and, one way, to
+``LlamaForCausalLM``).
 
 minigpt's architecture is GPT-2's (learned positions, pre-LayerNorm blocks, tanh-GELU MLP, tied output
 layer), and its parameters carry GPT-2's names, so the conversion is a renaming with one twist: GPT-2's
@@ -10,6 +11,12 @@ logits and greedy outputs).
     from minigpt.hf import to_hf
     hf = to_hf(minigpt.load_pretrained("target"))
     out = hf.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False)
+
+A minigpt model with the Llama switches (RMSNorm, rotary positions, SwiGLU, no biases: SmolLM2's draft in
+Lesson 09) converts to ``LlamaForCausalLM`` instead. Two differences there: q/k/v and gate/up are one matrix
+each in minigpt and separate ones in transformers, and transformers rotates the pairs (x[i], x[i + d/2]) of
+a head where minigpt rotates adjacent pairs, so the rows of the q and k matrices are reordered
+(:func:`rotate_half_layout`); scores, and so outputs, are unchanged.
 
 transformers is an optional dependency (``pip install -e '.[peers]'``); it is imported only when a function
 here is called.
@@ -47,14 +54,70 @@ def _is_conv1d(name: str) -> bool:
     return name.endswith(CONV1D_WEIGHTS)
 
 
+def is_llama(config: GPTConfig) -> bool:
+    """True for the full set of Llama switches (which :func:`to_hf` converts to ``LlamaForCausalLM``)."""
+    return (config.norm, config.pos, config.mlp, config.bias) == ("rmsnorm", "rope", "swiglu", False)
+
+
+def rotate_half_layout(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder the rows of a q or k projection from adjacent-pair rotary layout (ours, the RoPE paper's,
+    llama.cpp's) to the half-split layout that transformers' ``rotate_half`` expects: within each head, the
+    even coordinates first, then the odd ones."""
+    hs = w.shape[0] // n_heads
+    return w.view(n_heads, hs // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+
+
+def _set_ids(hf, eos: int):
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        setattr(hf.config, key, eos)
+        setattr(hf.generation_config, key, eos)
+
+
+@torch.no_grad()
+def to_llama(model: GPT, eos_id: int | None = None, attn_implementation: str | None = None):
+    """A ``transformers.LlamaForCausalLM`` computing the same function as ``model`` (a minigpt GPT with the
+    Llama switches), on its device and dtype, in eval mode."""
+    transformers = require_transformers()
+    c = model.config
+    hc = transformers.LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.hidden, num_hidden_layers=c.n_layer,
+        num_attention_heads=c.n_head, num_key_value_heads=c.kv_heads, head_dim=c.head_size,
+        max_position_embeddings=c.block_size, rms_norm_eps=c.norm_eps, rope_theta=c.rope_base,
+        tie_word_embeddings=True, attention_bias=False, mlp_bias=False)
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    hf = transformers.LlamaForCausalLM(hc, **kwargs)
+    _set_ids(hf, default_eos_id(c.vocab_size) if eos_id is None else eos_id)
+    sd = {"model.embed_tokens.weight": model.transformer.wte.weight,
+          "model.norm.weight": model.transformer.ln_f.weight, "lm_head.weight": model.transformer.wte.weight}
+    hs, nq, nkv = c.head_size, c.n_head, c.kv_heads
+    for i, block in enumerate(model.transformer.h):
+        q, k, v = block.attn.c_attn.weight.split([nq * hs, nkv * hs, nkv * hs])
+        gate, up = block.mlp.c_fc.weight.chunk(2)
+        pre = f"model.layers.{i}."
+        sd |= {pre + "self_attn.q_proj.weight": rotate_half_layout(q, nq),
+               pre + "self_attn.k_proj.weight": rotate_half_layout(k, nkv),
+               pre + "self_attn.v_proj.weight": v, pre + "self_attn.o_proj.weight": block.attn.c_proj.weight,
+               pre + "mlp.gate_proj.weight": gate, pre + "mlp.up_proj.weight": up,
+               pre + "mlp.down_proj.weight": block.mlp.c_proj.weight,
+               pre + "input_layernorm.weight": block.ln_1.weight,
+               pre + "post_attention_layernorm.weight": block.ln_2.weight}
+    hf.to(device=model.device, dtype=next(model.parameters()).dtype)
+    hf.load_state_dict({k: v.detach() for k, v in sd.items()}, strict=True)
+    return hf.eval()
+
+
 @torch.no_grad()
 def to_hf(model: GPT, eos_id: int | None = None, attn_implementation: str | None = None):
     """A ``transformers.GPT2LMHeadModel`` computing the same function as ``model``, on its device and dtype,
-    in eval mode. bos, eos and pad ids are ``eos_id`` (default: ``<|endoftext|>``, 4095)."""
+    in eval mode; a ``LlamaForCausalLM`` (:func:`to_llama`) when ``model`` uses the Llama switches. bos, eos
+    and pad ids are ``eos_id`` (default: ``<|endoftext|>``, 4095; the last id for other vocabularies)."""
     transformers = require_transformers()
     c = model.config
+    if is_llama(c):
+        return to_llama(model, eos_id, attn_implementation)
     if GPTConfig(**{k: v for k, v in c.to_dict().items() if k in GPT2_FIELDS}) != c:
-        raise ValueError("to_hf converts GPT-2-style models only (this one uses Llama-family switches)")
+        raise ValueError("to_hf converts GPT-2 models and Llama models (rmsnorm, rope, swiglu, no biases); "
+                         "this one mixes the two")
     eos = default_eos_id(c.vocab_size) if eos_id is None else eos_id
     hf_config = transformers.GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.block_size, n_ctx=c.block_size, n_embd=c.n_embd,
@@ -63,9 +126,7 @@ def to_hf(model: GPT, eos_id: int | None = None, attn_implementation: str | None
         tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     hf = transformers.GPT2LMHeadModel(hf_config, **kwargs)
-    hf.generation_config.pad_token_id = eos
-    hf.generation_config.bos_token_id = eos
-    hf.generation_config.eos_token_id = eos
+    _set_ids(hf, eos)
 
     ours = dict(model.named_parameters())  # the tied lm_head.weight is listed once, as transformer.wte.weight
     theirs = dict(hf.named_parameters())

@@ -96,6 +96,22 @@ def make_norm(config: GPTConfig) -> nn.Module:
     return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
 
 
+def rotary_angles(position_ids: torch.Tensor, head_size: int, base: float,
+                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, each (T, head_size / 2): pair i of a token at position p turns by
+    ``p * base**(-2i / head_size)``. Computed once per forward pass and shared by every layer."""
+    inv_freq = base ** (-torch.arange(0, head_size, 2, device=position_ids.device, dtype=torch.float32) / head_size)
+    angles = position_ids.to(torch.float32)[:, None] * inv_freq[None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn the adjacent pairs (x[2i], x[2i+1]) of every head of x (B, heads, T, head_size) by the angles
+    whose cos and sin (T, head_size / 2) are given."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]                                                       # the two coordinates
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
 def rotate(x: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Tensor:
     """Rotary position embedding (RoPE, Su et al. 2021) of queries or keys x: (B, heads, T, head_size).
 
@@ -104,29 +120,25 @@ def rotate(x: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Te
     with a key turned for position n then depends on m - n only, so attention sees relative positions.
     The angles come from ``position_ids``, not from the token's index in the input: a flattened token tree
     gives its siblings the same position, exactly as each would have in its own sequence."""
-    hs = x.shape[-1]
-    inv_freq = base ** (-torch.arange(0, hs, 2, device=x.device, dtype=torch.float32) / hs)   # (hs/2,)
-    angles = position_ids.to(torch.float32)[:, None] * inv_freq[None, :]                     # (T, hs/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]                                                       # the two coordinates
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return apply_rotary(x, *rotary_angles(position_ids, x.shape[-1], base, x.dtype))
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
-        self.rope_base = config.rope_base if config.pos == "rope" else None
+        self.rotary = config.pos == "rope"
         # q for every head, k and v for every key/value head, in one matmul
         self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                cache: KVCache | None = None, layer: int = 0, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, layer: int = 0,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x: (B, T, C). mask: None for plain causal attention, else a bool (T, S) matrix, True where a new
-        token may attend, over the S = cached + T keys. position_ids (T,): used by rotary positions.
-        Returns (B, T, C)."""
+        token may attend, over the S = cached + T keys. rope: the (cos, sin) of :func:`rotary_angles` for the
+        new tokens' positions, required by a model with rotary positions. Returns (B, T, C)."""
         B, T, C = x.shape
         hs = self.head_size
         q, k, v = self.c_attn(x).split([self.n_head * hs, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
@@ -134,8 +146,10 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
-        if self.rope_base is not None:
-            q, k = rotate(q, position_ids, self.rope_base), rotate(k, position_ids, self.rope_base)
+        if self.rotary:
+            if rope is None:
+                raise ValueError("this model uses rotary positions: pass rope=model.rotary(position_ids)")
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, n_kv_head, S, hs), S = cached + T (keys already rotated)
         if self.n_kv_head != self.n_head:
@@ -180,8 +194,8 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask=None, cache=None, layer=0, position_ids=None):
-        x = x + self.attn(self.ln_1(x), mask, cache, layer, position_ids)
+    def forward(self, x, mask=None, cache=None, layer=0, rope=None):
+        x = x + self.attn(self.ln_1(x), mask, cache, layer, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -220,6 +234,14 @@ class GPT(nn.Module):
             n -= sum(self.transformer[e].weight.numel() for e in ("wte", "wpe") if e in self.transformer)
         return n
 
+    def rotary(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (cos, sin) of the rotary angles for these positions, which every block takes as ``rope``
+        (None for a model with learned positions)."""
+        if self.config.pos != "rope":
+            return None
+        return rotary_angles(position_ids, self.config.head_size, self.config.rope_base,
+                             self.transformer.wte.weight.dtype)
+
     @property
     def device(self) -> torch.device:
         return self.transformer.wte.weight.device
@@ -236,6 +258,15 @@ class GPT(nn.Module):
         Returns logits (B, T, vocab_size) at every position, and the final hidden states (B, T, n_embd)
         after ``ln_f`` when ``return_hidden`` is set.
         """
+        h = self.hidden_states(idx, cache, position_ids, attn_mask)
+        logits = self.lm_head(h)  # (B, T, vocab_size)
+        return (logits, h) if return_hidden else logits
+
+    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
+                      attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`forward` without the output layer: the final hidden states (B, T, n_embd) after ``ln_f``.
+        With a large vocabulary the output layer is the most expensive matmul of a small model, so training
+        code that needs logits at some positions only applies ``lm_head`` to those."""
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
             raise ValueError(f"idx must be a (batch, time) tensor of token ids, got shape {tuple(idx.shape)} "
                              f"and dtype {idx.dtype}")
@@ -272,16 +303,16 @@ class GPT(nn.Module):
             mask = torch.cat([torch.ones(T, past, dtype=torch.bool, device=idx.device), mask], dim=1)
 
         x = self.transformer.wte(idx)  # (B, T, C)
+        rope = None
         if "wpe" in self.transformer:  # learned positions: consecutive ones are a slice of the table
             wpe = self.transformer.wpe
             x = x + (wpe.weight[past:past + T] if position_ids is None else wpe(position_ids))
-        elif position_ids is None:      # rotary positions need the ids themselves
-            position_ids = torch.arange(past, past + T, device=idx.device)
+        else:                           # rotary positions: the angles, once for all layers
+            rope = self.rotary(torch.arange(past, past + T, device=idx.device) if position_ids is None
+                               else position_ids)
         x = F.dropout(x, self.config.dropout, self.training)  # a no-op when not training
         for i, block in enumerate(self.transformer.h):
-            x = block(x, mask, cache, i, position_ids)
+            x = block(x, mask, cache, i, rope)
         if cache is not None:
             cache.advance(T)
-        h = self.transformer.ln_f(x)
-        logits = self.lm_head(h)  # (B, T, vocab_size)
-        return (logits, h) if return_hidden else logits
+        return self.transformer.ln_f(x)

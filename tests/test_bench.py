@@ -106,6 +106,30 @@ def test_records_on_small_models_have_the_schema_and_are_exact():
     assert chain["draft_passes"] > 0
 
 
+def test_by_kind_splits_counts_and_times_of_the_same_runs():
+    prompts = [Prompt(ids, f"p{i}", kind) for i, (ids, kind) in enumerate(zip(small_prompts(3), "aba"))]
+    records = bench.run_bench(["chain"], models=small_pair(), prompts=prompts, max_new_tokens=8, repeats=2, gamma=3)
+    for r in records:
+        a, b = r["by_kind"]["a"], r["by_kind"]["b"]
+        assert (a["n_prompts"], b["n_prompts"]) == (2, 1) and a["new_tokens"] + b["new_tokens"] == r["new_tokens"]
+        assert a["speedup_min"] <= a["speedup_vs_plain"] <= a["speedup_max"]
+        assert a["identical_to_plain_greedy"] and b["identical_to_plain_greedy"]
+        assert a["time_s_median"] + b["time_s_median"] == pytest.approx(r["time_s_median"], rel=0.5)
+    assert records[0]["by_kind"]["a"]["speedup_vs_plain"] == 1  # plain against itself
+
+
+def test_a_stop_token_ends_every_method_after_it():
+    models = small_pair()
+    prompt = small_prompts(1)[0]
+    free = generate(models.target, prompt, 12)
+    models.eos_id = free[4]                    # a token the model produces: every method must stop there
+    records = bench.run_bench(["chain", "prompt_lookup", "self_spec"], models=models, prompts=[prompt],
+                              max_new_tokens=12, repeats=1, gamma=3)
+    stop = free.index(free[4]) + 1
+    for r in records:
+        assert r["new_tokens"] == stop and r["identical_to_plain_greedy"], r["method"]
+
+
 def test_self_speculation_method_is_exact_and_uses_the_early_exit_depth():
     models = small_pair()
     records = bench.run_bench(["self_spec"], models=models, prompts=small_prompts(2), max_new_tokens=8, repeats=1)

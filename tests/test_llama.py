@@ -74,19 +74,11 @@ def test_bad_switches_are_named(overrides, fragment):
         GPTConfig(**{**SMALL, **overrides})
 
 
-def test_to_hf_refuses_a_llama_config():
+def test_to_hf_refuses_a_mix_of_gpt2_and_llama_switches():
     from minigpt.hf import to_hf
     pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[peers]')")
-    with pytest.raises(ValueError, match="GPT-2-style models only"):
-        to_hf(random_model(0, **ARCHS["llama"]))
-
-
-def rotate_half_layout(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder the rows of a q or k projection from adjacent-pair rotary layout (ours, the RoPE paper's,
-    llama.cpp's) to the half-split layout that transformers' rotate_half expects: within each head, the
-    even coordinates first, then the odd ones."""
-    hs = w.shape[0] // n_heads
-    return w.view(n_heads, hs // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+    with pytest.raises(ValueError, match="mixes the two"):
+        to_hf(random_model(0, **{**ARCHS["llama"], "pos": "learned"}))
 
 
 @torch.no_grad()
@@ -95,27 +87,9 @@ def test_same_logits_as_transformers_llama():
                                                               "(pip install -e '.[peers]')")
     cfg = GPTConfig(**{**LLAMA, "rope_base": 500.0, "norm_eps": 1e-6})
     ours = random_model(0, **{k: v for k, v in cfg.to_dict().items() if k not in SMALL})
-    hc = transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.hidden,
-        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
-        max_position_embeddings=cfg.block_size, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_base,
-        tie_word_embeddings=True, attention_bias=False, mlp_bias=False)
-    theirs = transformers.LlamaForCausalLM(hc).eval()
-    sd = {"model.embed_tokens.weight": ours.transformer.wte.weight,
-          "model.norm.weight": ours.transformer.ln_f.weight, "lm_head.weight": ours.transformer.wte.weight}
-    hs, nq, nkv = cfg.head_size, cfg.n_head, cfg.kv_heads
-    for i, block in enumerate(ours.transformer.h):
-        q, k, v = block.attn.c_attn.weight.split([nq * hs, nkv * hs, nkv * hs])
-        gate, up = block.mlp.c_fc.weight.chunk(2)
-        pre = f"model.layers.{i}."
-        sd |= {pre + "self_attn.q_proj.weight": rotate_half_layout(q, nq),
-               pre + "self_attn.k_proj.weight": rotate_half_layout(k, nkv),
-               pre + "self_attn.v_proj.weight": v, pre + "self_attn.o_proj.weight": block.attn.c_proj.weight,
-               pre + "mlp.gate_proj.weight": gate, pre + "mlp.up_proj.weight": up,
-               pre + "mlp.down_proj.weight": block.mlp.c_proj.weight,
-               pre + "input_layernorm.weight": block.ln_1.weight,
-               pre + "post_attention_layernorm.weight": block.ln_2.weight}
-    theirs.load_state_dict(sd, strict=True)
+    from minigpt.hf import to_hf
+    theirs = to_hf(ours)
+    assert isinstance(theirs, transformers.LlamaForCausalLM)
     idx = tokens(40, batch=2, seed=3)
     torch.testing.assert_close(ours(idx), theirs(idx).logits, atol=1e-4, rtol=1e-4)
 
@@ -148,7 +122,7 @@ def test_early_exit_draft_shares_the_weights_and_checks_its_depth():
     idx = tokens(9)
     with torch.no_grad():  # the draft is the target's first layer read out early
         h = target.transformer.wte(idx)
-        h = target.transformer.h[0](h, position_ids=torch.arange(9))
+        h = target.transformer.h[0](h, rope=target.rotary(torch.arange(9)))
         torch.testing.assert_close(draft(idx), target.lm_head(target.transformer.ln_f(h)))
     for n in (0, 2):
         with pytest.raises(ValueError, match="1 <= n_layers < 2"):

@@ -1,0 +1,182 @@
+"""Chat requests for distilling a draft for SmolLM2 (Lesson 09), built offline and deterministically.
+
+A draft is useful when it guesses what the *target* will say next, so the best training text for it is the
+target's own answers to the kind of request it will serve (sequence-level distillation). This module writes
+those requests; :func:`minigpt.real.make_answers` has SmolLM2 answer them.
+
+Three kinds, as in the lesson's race (:data:`minigpt.real.REQUESTS`): *edit* (a function from the standard
+library's training files with an instruction), *code* (write a small function) and *chat* (short questions
+in prose). The lesson's own requests are not among them: they are the held-out test.
+"""
+from __future__ import annotations
+
+import ast
+import random
+
+from .data import read_text, split_files
+
+CODE_TASKS = [
+    "reverses a string", "counts the vowels in a string", "returns the largest number in a list",
+    "removes duplicates from a list while keeping the order", "checks whether a number is prime",
+    "computes the factorial of a number", "flattens a nested list", "merges two sorted lists",
+    "returns the second largest element of a list", "counts how often each word appears in a text",
+    "converts Celsius to Fahrenheit", "checks whether two strings are anagrams", "finds the median of a list",
+    "returns the greatest common divisor of two numbers", "computes the sum of the digits of an integer",
+    "capitalizes the first letter of every word", "splits a list into chunks of size n",
+    "rotates a list by k positions", "checks whether a year is a leap year", "converts a binary string to an integer",
+    "returns all even numbers from a list", "computes the average of a list of numbers",
+    "finds the longest word in a sentence", "transposes a matrix given as a list of lists",
+    "checks whether a list is sorted", "returns the index of an item using binary search",
+    "sorts a list of dictionaries by a key", "reads a text file and returns its number of lines",
+    "writes a list of strings to a file, one per line", "parses a date string like 2024-01-31",
+    "returns the n first prime numbers", "computes the power set of a list", "checks balanced parentheses",
+    "converts a Roman numeral to an integer", "converts an integer to a Roman numeral",
+    "counts the lines of a CSV file that match a condition", "returns the intersection of two lists",
+    "implements bubble sort", "implements insertion sort", "implements merge sort", "implements quicksort",
+    "computes the dot product of two vectors", "generates a random password", "validates an email address",
+    "removes punctuation from a string", "returns the most common element of a list",
+    "computes the running total of a list", "groups words by their first letter",
+    "returns a dictionary with the length of each word", "converts a dictionary to a list of tuples",
+    "inverts a dictionary", "finds the missing number in a list from 1 to n", "computes the area of a circle",
+    "returns the Collatz sequence of a number", "checks whether a number is a perfect square",
+    "counts the set bits of an integer", "converts a string to snake_case", "converts a string to camelCase",
+    "truncates a string to n characters with an ellipsis", "returns the unique characters of a string",
+    "computes compound interest", "simulates rolling two dice", "shuffles a list in place",
+    "finds all pairs in a list that sum to a target", "returns the cumulative product of a list",
+    "checks whether a string contains only digits", "pads a number with leading zeros",
+    "formats a number of seconds as hours, minutes and seconds", "computes the Levenshtein distance",
+    "returns the longest common prefix of a list of strings", "counts the uppercase letters in a string",
+    "memoizes a function with a dictionary", "retries a function three times on error",
+    "measures how long a function takes", "reads a JSON file into a dictionary", "writes a dictionary to JSON",
+    "downloads nothing and just validates a URL string", "computes the mean and standard deviation",
+    "returns the words that appear in both of two sentences", "implements a queue with two stacks",
+    "implements a linked list with append and find", "implements a binary search tree insert",
+    "computes the depth of a nested dictionary", "zips two lists into a dictionary",
+    "filters a list of numbers greater than a threshold", "returns the squares of the numbers in a list",
+    "checks whether a number is an Armstrong number", "prints a multiplication table",
+    "finds the first non-repeating character in a string", "compresses a string like aaabb into a3b2",
+    "splits a full name into first and last name", "returns the n largest items of a list",
+    "converts a list of strings to integers, skipping bad ones", "computes the distance between two points",
+    "checks whether a point is inside a rectangle", "returns the day of the week for a date",
+    "counts the number of words in a file", "creates a simple counter class", "implements a simple timer class",
+]
+
+EXPLAIN_TOPICS = [
+    "why leaves change color in autumn", "how a refrigerator keeps food cold", "why the ocean is salty",
+    "how vaccines work", "what causes the seasons", "how airplanes stay in the air", "what a black hole is",
+    "why we need sleep", "how a rainbow forms", "what inflation is", "how the internet works",
+    "what photosynthesis is", "why the moon has phases", "how a battery stores energy", "what DNA does",
+    "why ice floats on water", "how a compass works", "what an API is", "what a database index is",
+    "why exercise is good for the heart", "how recycling helps the environment", "what a neural network is",
+    "how a bicycle stays upright", "what causes thunder", "why bread rises", "how solar panels make electricity",
+    "what a variable is in programming", "why the sky turns red at sunset", "what a virus is", "how tides work",
+    "what machine learning is", "how a search engine ranks pages", "what an operating system does",
+    "why cats purr", "how coffee keeps people awake", "what a recursive function is", "how GPS finds a location",
+    "what cloud computing is", "why plants need water", "what compound interest is", "how earthquakes happen",
+    "what a hash table is", "why we have time zones", "how a microwave heats food", "what encryption is",
+    "how bees make honey", "what the greenhouse effect is", "why it is important to back up files",
+    "how a loan works", "what version control is",
+]
+TIP_ACTIVITIES = [
+    "learning a new language", "staying focused while studying", "sleeping better", "saving money",
+    "giving a good presentation", "writing a cover letter", "starting to run", "cooking healthy meals",
+    "managing time at work", "learning to program", "keeping a plant alive", "reducing stress",
+    "preparing for a job interview", "writing readable code", "traveling on a budget", "reading more books",
+    "organizing a small event", "working from home", "taking better photos", "keeping a tidy desk",
+    "debugging a program", "writing good commit messages", "learning to cook", "making new friends",
+    "staying hydrated", "planning a road trip", "studying for an exam", "reviewing someone's code",
+    "keeping passwords safe", "starting a vegetable garden",
+]
+SUMMARY_THINGS = [
+    "what a GPU does", "what RAM is", "what a compiler does", "what the French Revolution was",
+    "what a hard drive does", "what the water cycle is", "what a programming language is",
+    "what the Roman Empire was", "what a router does", "what the Industrial Revolution was",
+    "what a spreadsheet is", "what the immune system does", "what a web browser does", "what Python is",
+    "what the Renaissance was", "what a keyboard shortcut is", "what an electric car is",
+    "what the stock market is", "what a smartphone sensor does", "what a file system is",
+    "what the solar system is", "what a transistor is", "what a library is in programming",
+    "what the Moon landing was", "what a cache is in a computer", "what a network switch does",
+    "what the printing press changed", "what a unit test is", "what an email server does",
+    "what a recipe for bread needs",
+]
+OPEN_QUESTIONS = [
+    "What is the difference between a list and a tuple in Python?", "How do I read a file line by line in Python?",
+    "What is the capital of Australia?", "What should I pack for a weekend hike?",
+    "How many planets are in the solar system?", "What is a good name for a pet turtle?",
+    "Can you suggest a simple dinner recipe?", "What is the difference between weather and climate?",
+    "How do I center text in HTML?", "What does HTTP stand for?", "Why is Python popular?",
+    "How do I make a good cup of tea?", "What are the primary colors?", "What is a haiku? Write one about rain.",
+    "Write a short poem about the sea.", "Write a thank-you note to a colleague.",
+    "Write a short story about a robot who learns to paint.", "What is the boiling point of water?",
+    "How do I sort a dictionary by value in Python?", "What is the difference between git merge and git rebase?",
+    "How can I improve my handwriting?", "What is a prime number?", "Translate 'good morning' into Spanish.",
+    "What are the benefits of walking every day?", "Write a limerick about a cat.",
+    "Describe a sunset in three sentences.", "What is the Pythagorean theorem?",
+    "How does a for loop work in Python?", "What is the difference between RAM and storage?",
+    "Write an email asking for a day off.",
+]
+
+EXPLAIN_TEMPLATES = ["Explain in two sentences {}.", "Explain {} to a ten-year-old.", "Briefly explain {}."]
+TIP_TEMPLATES = ["What are three tips for {}?", "Give me some advice on {}.", "List a few tips for {}."]
+SUMMARY_TEMPLATES = ["Give me a short summary of {}.", "In a few sentences, describe {}."]
+CODE_TEMPLATES = ["Write a Python function that {}.", "Write a short Python function that {}. Reply with code only.",
+                  "Show me how to write a Python function that {}."]
+EDIT_TEMPLATES = [
+    "Add type hints to this function. Reply with the code only.\n```python\n{code}\n```",
+    "Add a docstring to this function and return the whole function:\n```python\n{code}\n```",
+    "Rename the variable `{name}` to `{new}` in this function and return the whole function:\n```python\n{code}\n```",
+    "Rewrite this function so that it is easier to read:\n```python\n{code}\n```",
+    "Explain what this function does:\n```python\n{code}\n```",
+    "Add comments to this code:\n```python\n{code}\n```",
+    "Is there a bug in this function? Show a corrected version.\n```python\n{code}\n```",
+]
+NEW_NAMES = ["result", "value", "item", "count", "data", "output", "current", "entry", "total_sum", "element"]
+
+
+def stdlib_functions(min_lines: int = 4, max_lines: int = 14, limit: int = 2000) -> list[tuple[str, list[str]]]:
+    """Small top-level functions and methods of the standard library's *training* files: (source, names of
+    their local variables), in a fixed order."""
+    out = []
+    for path in split_files("train"):
+        try:
+            source = read_text(path)
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef) or not min_lines <= node.end_lineno - node.lineno + 1 <= max_lines:
+                continue
+            code = ast.get_source_segment(source, node, padded=True)
+            if not code or len(code) > 600 or not code.isascii():
+                continue
+            lines = code.splitlines()
+            indent = len(lines[0]) - len(lines[0].lstrip())
+            code = "\n".join(line[indent:] for line in lines)
+            names = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)})
+            out.append((code, names))
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def training_requests(n_edit: int = 400, seed: int = 0) -> list[tuple[str, str]]:
+    """(kind, text) chat requests for distillation: every code task, explanation, tip, summary and open
+    question with each of its templates, and ``n_edit`` edit requests on standard-library functions.
+    Shuffled with ``seed``; none is one of the lesson's held-out :data:`minigpt.real.REQUESTS`."""
+    from .real import REQUESTS
+    rng = random.Random(seed)
+    reqs = [("code", t.format(task)) for task in CODE_TASKS for t in CODE_TEMPLATES]
+    reqs += [("chat", t.format(x)) for x in EXPLAIN_TOPICS for t in EXPLAIN_TEMPLATES]
+    reqs += [("chat", t.format(x)) for x in TIP_ACTIVITIES for t in TIP_TEMPLATES]
+    reqs += [("chat", t.format(x)) for x in SUMMARY_THINGS for t in SUMMARY_TEMPLATES]
+    reqs += [("chat", q) for q in OPEN_QUESTIONS]
+    functions = stdlib_functions()
+    for code, names in rng.sample(functions, min(n_edit, len(functions))):
+        template = rng.choice(EDIT_TEMPLATES if names else [t for t in EDIT_TEMPLATES if "{name}" not in t])
+        name = rng.choice(names) if names else ""
+        new = next((x for x in rng.sample(NEW_NAMES, len(NEW_NAMES)) if x not in names), "renamed")
+        reqs.append(("edit", template.format(code=code, name=name, new=new)))
+    held_out = {text for _, text in REQUESTS}
+    reqs = [r for r in reqs if r[1] not in held_out]
+    rng.shuffle(reqs)
+    return reqs
