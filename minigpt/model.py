@@ -265,8 +265,9 @@ class GPT(nn.Module):
     def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`forward` without the output layer: the final hidden states (B, T, n_embd) after ``ln_f``.
-        With a large vocabulary the output layer is the most expensive matmul of a small model, so training
-        code that needs logits at some positions only applies ``lm_head`` to those."""
+        With a large vocabulary the output layer is the most expensive matmul of a small model, so code that
+        needs no logits (a prefill keeps only keys and values) or logits at a few positions (training on
+        answers only) skips it or applies ``lm_head`` to those positions alone."""
         if idx.dim() != 2 or idx.dtype not in (torch.long, torch.int):
             raise ValueError(f"idx must be a (batch, time) tensor of token ids, got shape {tuple(idx.shape)} "
                              f"and dtype {idx.dtype}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import random
+from functools import lru_cache
 
 from .data import read_text, split_files
 
@@ -133,9 +134,10 @@ EDIT_TEMPLATES = [
 NEW_NAMES = ["result", "value", "item", "count", "data", "output", "current", "entry", "total_sum", "element"]
 
 
-def stdlib_functions(min_lines: int = 4, max_lines: int = 14, limit: int = 2000) -> list[tuple[str, list[str]]]:
-    """Small top-level functions and methods of the standard library's *training* files: (source, names of
-    their local variables), in a fixed order."""
+@lru_cache(maxsize=4)
+def stdlib_functions(min_lines: int = 4, max_lines: int = 14, limit: int = 2000) -> tuple[tuple[str, list[str]], ...]:
+    """Small functions and methods of the standard library's *training* files: (source, names of their local
+    variables), in a fixed order. Parsing the files takes a while, so the result is kept."""
     out = []
     for path in split_files("train"):
         try:
@@ -155,8 +157,8 @@ def stdlib_functions(min_lines: int = 4, max_lines: int = 14, limit: int = 2000)
             names = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)})
             out.append((code, names))
             if len(out) >= limit:
-                return out
-    return out
+                return tuple(out)
+    return tuple(out)
 
 
 def training_requests(n_edit: int = 400, seed: int = 0) -> list[tuple[str, str]]:

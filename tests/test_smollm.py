@@ -284,3 +284,35 @@ def test_greedy_generation_matches_transformers(model, hf_model, enc):
         out = hf_model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=stop,
                                 pad_token_id=stop, top_k=None, top_p=None, temperature=None)
         assert ours == out[0, len(ids):].tolist(), text
+
+
+@needs_file
+@pytest.mark.slow
+def test_every_shipped_drafter_is_exact_on_smollm2_and_stops_at_im_end(model):
+    from minigpt import bench, real
+    from minigpt.prompts import Prompt
+    models = real.smollm2_models("cpu", target=model)
+    assert models.eos_id == 2 and models.draft is not None and models.medusa_heads is not None
+    assert models.draft.config.vocab_size == model.config.vocab_size
+    # a short answer: every method must stop right after <|im_end|>, with the same tokens
+    yes = Prompt(smollm.encode_chat(smollm.load_smollm_tokenizer(), "Say yes."), "yes", "chat")
+    short = real.real_prompts(per_kind=1)[:1] + [yes]
+    records = bench.run_bench(["chain", "prompt_lookup", "self_spec", "medusa"], models=models, prompts=short,
+                              max_new_tokens=24, repeats=1, gamma=2)
+    for r in records:
+        assert r["identical_to_plain_greedy"], r["method"]
+    plain_yes = minigpt.generate(model, short[1], 24, eos_id=2)
+    assert plain_yes[-1] == 2 and len(plain_yes) < 24                # the model does close its turn here
+    assert records[0]["by_kind"]["chat"]["new_tokens"] == len(plain_yes)
+
+
+@needs_file
+@pytest.mark.slow
+def test_assisted_generation_with_the_converted_draft_matches_our_chain(model, hf_model):
+    from minigpt import real
+    from minigpt.peers import peer_methods
+    draft = real.load_draft("cpu")
+    prompt = real.real_prompts(per_kind=1)[1]
+    ours, _ = minigpt.speculative_generate(model, draft, prompt, 20, gamma=3, eos_id=2)
+    theirs = peer_methods(model, draft, gamma=3, eos_id=2, hf_target=hf_model)["hf_assisted"]
+    assert theirs(prompt, 20) == ours

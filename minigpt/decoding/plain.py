@@ -36,9 +36,11 @@ def prefill(model: GPT, cache: KVCache, idx: torch.Tensor) -> None:
     """Run every prompt token but the last through ``model`` in one pass, filling ``cache``.
 
     The last prompt token is left for the first decoding pass, so every decoder here starts its loop from a
-    cache that holds the sequence minus its last token -- the invariant the speculative decoders keep too."""
+    cache that holds the sequence minus its last token -- the invariant the speculative decoders keep too.
+    Only the keys and values are needed, so the output layer is skipped (``hidden_states``): with a large
+    vocabulary it would cost more than the rest of the pass (SmolLM2: 49152 x 576 weights per prompt token)."""
     if idx.shape[1] > 1:
-        model(idx[:, :-1], cache=cache)
+        model.hidden_states(idx[:, :-1], cache=cache)
 
 
 @torch.no_grad()
