@@ -102,7 +102,7 @@ def head_accuracy(target: GPT, heads: MedusaHeads, data, block_size: int = 256, 
     for _ in range(batches):
         x, _ = get_batch(data, batch_size, block_size - 1, g)
         x = x.to(target.device)
-        _, h = target(x, return_hidden=True)
+        h = target.hidden_states(x)
         logits = heads(h)  # (K, B, T, V)
         T = x.shape[1]
         for k in range(K):
@@ -198,7 +198,7 @@ def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-
         x, _ = get_batch(train, batch_size, block_size, g)
         x = x.to(target.device)
         with torch.no_grad():
-            _, h = target(x, return_hidden=True)  # the frozen target's final hidden states
+            h = target.hidden_states(x)  # the frozen target's final hidden states (no logits needed)
         loss, per_head = medusa_loss(heads(h), x, decay)
         opt.zero_grad(set_to_none=True)
         loss.backward()

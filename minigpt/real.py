@@ -9,14 +9,15 @@ The drafters, all exact under greedy verification by the full model:
 * self-speculation -- the model's own first layers, read out early (:mod:`minigpt.selfspec`);
 * a small draft -- a two-layer minigpt in SmolLM2's vocabulary, distilled from SmolLM2's own answers to chat
   requests (sequence-level distillation), its embedding started from SmolLM2's;
-* Medusa heads -- trained on SmolLM2's final hidden states, reading out through its own output layer.
+* Medusa heads -- trained on SmolLM2's final hidden states over the same conversations, reading out through its
+  own output layer.
 
-The draft and the heads ship with the package. To rebuild them (the draft's data takes SmolLM2 about half
-an hour to write on a laptop CPU, training as long again; both resume where they stopped):
+The draft and the heads ship with the package. To rebuild them (SmolLM2 takes about half an hour to write
+the data on a laptop CPU, the draft as long again to train; both of those resume where they stopped):
 
     python -m minigpt.real make-answers --minutes 30  # SmolLM2 answers ~1000 requests (needs transformers)
-    python -m minigpt.real train-draft --minutes 40
-    python -m minigpt.real train-medusa --minutes 20
+    python -m minigpt.real train-draft --minutes 45 --max-steps 1500
+    python -m minigpt.real train-medusa --minutes 18
 """
 from __future__ import annotations
 
@@ -167,6 +168,21 @@ def make_answers(max_new_tokens: int = 160, batch_size: int = 48, n_edit: int = 
     return dict(conversations=len(convs), answer_tokens=int(sum(m.sum() for m in masks)), path=str(path))
 
 
+HELD_OUT_NOTE = ("the last conversations in generation order, which is sorted by kind and prompt length: "
+                 "the edit requests with the longest prompts")
+
+
+def load_answers(held_out: float = 0.05):
+    """The conversations of :func:`make_answers` (a dict of arrays) and how many of the last ones are held out
+    (never trained on; see ``HELD_OUT_NOTE``)."""
+    import numpy as np
+    path = answers_path()
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run `python -m minigpt.real make-answers` first")
+    data = dict(np.load(path))
+    return data, max(1, int(len(data["starts"]) * held_out))
+
+
 def projected_embedding(target, width: int) -> torch.Tensor:
     """SmolLM2's token embedding (vocab, 576) projected onto its ``width`` principal axes (vocab, width) and
     scaled to a typical initial weight size (std 0.02): a draft starting from it already knows which tokens
@@ -243,12 +259,8 @@ def train_draft(minutes: float, stdlib_every: int = 3, stdlib_positions: float =
     from .data import get_batch, load_tokens
     from .smollm import load_smollm, load_smollm_tokenizer
     from .train import Run, export, get_preset
-    path = answers_path()
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run `python -m minigpt.real make-answers` first")
-    data = dict(np.load(path))
+    data, n_val = load_answers(held_out)
     convs, masks = np.split(data["tokens"], data["starts"][1:]), np.split(data["answer"], data["starts"][1:])
-    n_val = max(1, int(len(convs) * held_out))
     val_convs, val_masks = convs[-n_val:], masks[-n_val:]
     n_train_tokens = int(data["starts"][-n_val])
     tokens, answer = data["tokens"][:n_train_tokens], data["answer"][:n_train_tokens]
@@ -286,7 +298,7 @@ def train_draft(minutes: float, stdlib_every: int = 3, stdlib_positions: float =
     best_step = max(run.history, key=lambda h: h.get("held_out_agreement", -1))["step"]
     info = dict(data=f"SmolLM2's greedy answers to {len(convs) - n_val} chat requests (minigpt.requests), "
                      f"1 batch in {stdlib_every} standard-library code", exported_step=best_step,
-                held_out_conversations=n_val, held_out_agreement=round(best, 4),
+                held_out_conversations=n_val, held_out=HELD_OUT_NOTE, held_out_agreement=round(best, 4),
                 embedding_init="SmolLM2 token embedding projected onto its 128 principal axes",
                 hardware=f"{platform.machine()} CPU, {torch.get_num_threads()} threads", torch=torch.__version__)
     dest = export(run, best_val, info)  # val_loss: cross-entropy on the held-out answers
@@ -294,19 +306,31 @@ def train_draft(minutes: float, stdlib_every: int = 3, stdlib_positions: float =
     return info
 
 
-def train_medusa(minutes: float, n_heads: int = 4, batch_size: int = 4, block_size: int = 128) -> dict:
-    """Train Medusa heads (sharing SmolLM2's output layer) on the standard library in SmolLM2's tokens,
-    measure them on held-out files, and save them with their measured accuracies next to the package."""
+def train_medusa(minutes: float, n_heads: int = 4, batch_size: int = 4, block_size: int = 128,
+                 data: str = "answers") -> dict:
+    """Train Medusa heads (sharing SmolLM2's output layer) on SmolLM2's own answers (``data="answers"``, from
+    :func:`make_answers`) or on the standard library in SmolLM2's tokens (``"stdlib"``), measure them on
+    held-out text, and save them with their measured accuracies next to the package."""
     from .data import load_tokens
     from .medusa import MedusaHeads, head_accuracy, save_heads, train_heads
     from .smollm import load_smollm, load_smollm_tokenizer
-    enc = load_smollm_tokenizer()
+    if data == "answers":
+        answers, n_val = load_answers()
+        cut = int(answers["starts"][-n_val])
+        train, val = answers["tokens"][:cut], answers["tokens"][cut:]
+        about = (f"SmolLM2's greedy conversations (minigpt.requests), {len(answers['starts']) - n_val} trained on; "
+                 f"held out: {n_val}, {HELD_OUT_NOTE}")
+    elif data == "stdlib":
+        enc = load_smollm_tokenizer()
+        train, val = load_tokens("train", enc), load_tokens("val", enc)
+        about = "standard-library training split, SmolLM2 tokens; held out: the validation files"
+    else:
+        raise ValueError(f"data must be 'answers' or 'stdlib', got {data!r}")
     target = load_smollm("cpu")
     heads = MedusaHeads.for_target(target, n_heads, share_output=True)
-    info = train_heads(target, heads, minutes, batch_size=batch_size, block_size=block_size,
-                       data=load_tokens("train", enc))
-    acc = head_accuracy(target, heads, load_tokens("val", enc), block_size=block_size, batches=4, batch_size=4)
-    card = dict(target="SmolLM2-135M-Instruct (frozen)", data="standard-library training split, SmolLM2 tokens",
+    info = train_heads(target, heads, minutes, batch_size=batch_size, block_size=block_size, data=train)
+    acc = head_accuracy(target, heads, val, block_size=block_size, batches=4, batch_size=4)
+    card = dict(target="SmolLM2-135M-Instruct (frozen)", data=about,
                 n_heads=n_heads, shared_output=True, **{k: v for k, v in info.items() if k != "history"},
                 hardware=f"{platform.machine()} CPU, {torch.get_num_threads()} threads, torch {torch.__version__}",
                 held_out_top1=[round(float(a[0]), 4) for a in acc],
@@ -322,6 +346,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--fresh", action="store_true", help="train-draft: start over instead of resuming runs/")
     ap.add_argument("--max-steps", type=int, default=None, help="train-draft: length of the schedule")
+    ap.add_argument("--data", choices=["answers", "stdlib"], default="answers",
+                    help="train-medusa: SmolLM2's own answers (default) or the standard library")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -331,7 +357,7 @@ def main(argv=None) -> int:
         elif args.what == "train-draft":
             print(json.dumps(train_draft(args.minutes, fresh=args.fresh, max_steps=args.max_steps), indent=1))
         else:
-            print(json.dumps(train_medusa(args.minutes), indent=1))
+            print(json.dumps(train_medusa(args.minutes, data=args.data), indent=1))
     except (FileNotFoundError, ImportError) as e:
         print(f"{ap.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
