@@ -290,20 +290,18 @@ def test_greedy_generation_matches_transformers(model, hf_model, enc):
 @pytest.mark.slow
 def test_every_shipped_drafter_is_exact_on_smollm2_and_stops_at_im_end(model):
     from minigpt import bench, real
-    from minigpt.prompts import Prompt
     models = real.smollm2_models("cpu", target=model)
     assert models.eos_id == 2 and models.draft is not None and models.medusa_heads is not None
     assert models.draft.config.vocab_size == model.config.vocab_size
-    # a short answer: every method must stop right after <|im_end|>, with the same tokens
-    yes = Prompt(smollm.encode_chat(smollm.load_smollm_tokenizer(), "Say yes."), "yes", "chat")
-    short = real.real_prompts(per_kind=1)[:1] + [yes]
-    records = bench.run_bench(["chain", "prompt_lookup", "self_spec", "medusa"], models=models, prompts=short,
+    # edit-1's answer is short (19 tokens): every method must stop right after <|im_end|>, with the same tokens
+    prompts = real.real_prompts(kinds=("edit", "chat"), per_kind=1)
+    records = bench.run_bench(["chain", "prompt_lookup", "self_spec", "medusa"], models=models, prompts=prompts,
                               max_new_tokens=24, repeats=1, gamma=2)
     for r in records:
         assert r["identical_to_plain_greedy"], r["method"]
-    plain_yes = minigpt.generate(model, short[1], 24, eos_id=2)
-    assert plain_yes[-1] == 2 and len(plain_yes) < 24                # the model does close its turn here
-    assert records[0]["by_kind"]["chat"]["new_tokens"] == len(plain_yes)
+    plain_edit = minigpt.generate(model, prompts[0], 24, eos_id=2)
+    assert plain_edit[-1] == 2 and len(plain_edit) < 24                # the model does close its turn here
+    assert all(r["by_kind"]["edit"]["new_tokens"] == len(plain_edit) for r in records)
 
 
 @needs_file
