@@ -238,6 +238,8 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
         return s
 
     kind_of = [getattr(p, "kind", "") or "prompt" for p in prompts]  # "code", "edit", ... per prompt
+    of_kind = {kind: [i for i, k in enumerate(kind_of) if k == kind] for kind in sorted(set(kind_of))}
+    every = range(len(prompts))
 
     def timing(name, idx):  # per repeat: the seconds spent on the prompts idx, and the speedup over plain
         t = [sum(times[name][r][i] for i in idx) for r in range(repeats)]
@@ -245,12 +247,11 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
 
     records = []
     for n in names:
-        s = totals(n, range(len(prompts)))
-        total_times, speedups = timing(n, range(len(prompts)))
+        s = totals(n, every)
+        total_times, speedups = timing(n, every)
         tps = [new_tokens[n] / t for t in total_times]
         by_kind = {}
-        for kind in sorted(set(kind_of)):
-            idx = [i for i, k in enumerate(kind_of) if k == kind]
+        for kind, idx in of_kind.items():
             sk = totals(n, idx)
             tk, spk = timing(n, idx)
             by_kind[kind] = dict(n_prompts=len(idx), new_tokens=sum(len(outputs[n][i]) for i in idx),
@@ -278,14 +279,14 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
         ))
         if n in peer_fns:  # transformers' method next to our matching one, timed in the same loop
             ours = PAIRS[n]
-            records[-1].update(ours=ours, identical_to_ours=outputs[n] == outputs[ours],
-                               ours_over_theirs=statistics.median(t / o for t, o in zip(total_times,
-                                                                                          timing(ours, range(len(prompts)))[0])))
-            for kind, bk in by_kind.items():
-                idx = [i for i, k in enumerate(kind_of) if k == kind]
-                theirs, ours_t = timing(n, idx)[0], timing(ours, idx)[0]
-                bk.update(identical_to_ours=all(outputs[n][i] == outputs[ours][i] for i in idx),
-                          ours_over_theirs=statistics.median(t / o for t, o in zip(theirs, ours_t)))
+
+            def against_ours(idx):
+                return dict(identical_to_ours=all(outputs[n][i] == outputs[ours][i] for i in idx),
+                            ours_over_theirs=statistics.median(
+                                t / o for t, o in zip(timing(n, idx)[0], timing(ours, idx)[0])))
+            records[-1].update(ours=ours, **against_ours(every))
+            for kind, idx in of_kind.items():
+                by_kind[kind].update(against_ours(idx))
     return records
 
 

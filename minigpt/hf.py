@@ -79,6 +79,8 @@ def to_llama(model: GPT, eos_id: int | None = None, attn_implementation: str | N
     Llama switches), on its device and dtype, in eval mode."""
     transformers = require_transformers()
     c = model.config
+    if not is_llama(c):
+        raise ValueError("to_llama converts models with all the Llama switches (rmsnorm, rope, swiglu, no biases)")
     hc = transformers.LlamaConfig(
         vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.hidden, num_hidden_layers=c.n_layer,
         num_attention_heads=c.n_head, num_key_value_heads=c.kv_heads, head_dim=c.head_size,

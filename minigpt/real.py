@@ -230,18 +230,10 @@ def distil_step(run, x: torch.Tensor, y: torch.Tensor) -> float:
     The output layer (49152 x 128) costs far more than the two layers under it, so it is applied only at
     the positions that have a target: about half of them in a conversation (the prompt has none)."""
     import torch.nn.functional as F
-    from .train import lr_at
-    for group in run.opt.param_groups:
-        group["lr"] = lr_at(run.step, run.preset)
     keep = y != -100
     h = run.model.hidden_states(x)[keep]                      # (n targets, n_embd)
     loss = F.cross_entropy(run.model.lm_head(h), y[keep])
-    run.opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
-    run.opt.step()
-    run.step += 1
-    run.tokens += int(keep.sum())
+    run.optimize(loss, int(keep.sum()))
     return loss.item()
 
 
@@ -254,6 +246,7 @@ def train_draft(minutes: float, stdlib_every: int = 3, stdlib_positions: float =
     draft's agreement with SmolLM2 on them is measured as it trains, and the best state is exported."""
     import copy
     import time
+    from dataclasses import replace
     from pathlib import Path
     import numpy as np
     from .data import get_batch, load_tokens
@@ -267,12 +260,12 @@ def train_draft(minutes: float, stdlib_every: int = 3, stdlib_positions: float =
     stdlib = load_tokens("train", load_smollm_tokenizer())
     preset = get_preset("smollm2-draft")
     if max_steps:
-        preset.max_steps = max_steps   # the length of the learning-rate schedule
+        preset = replace(preset, max_steps=max_steps)   # the length of the learning-rate schedule
     run = Run("smollm2-draft", preset, Path(out), fresh)
     if run.step == 0:
         run.model.transformer.wte.weight.data.copy_(projected_embedding(load_smollm("cpu"), preset.config.n_embd))
     g = torch.Generator().manual_seed(run.step)
-    best, best_state = -1.0, None
+    best, best_state, best_step, best_val = -1.0, None, None, None
     t0 = time.time()
     while run.step < preset.max_steps and time.time() - t0 < 60 * minutes:
         t = time.time()
@@ -291,15 +284,14 @@ def train_draft(minutes: float, stdlib_every: int = 3, stdlib_positions: float =
             log(f"step {run.step}: train loss {loss:.3f}, held-out loss {val:.3f}, agreement {agree:.3f}, "
                 f"{run.seconds / 60:.1f} min")
             if agree > best:
-                best, best_state, best_val = agree, copy.deepcopy(run.model.state_dict()), val
+                best, best_state, best_step, best_val = agree, copy.deepcopy(run.model.state_dict()), run.step, val
     if best_state is None:
         raise RuntimeError("no evaluation happened: train for longer")
     run.model.load_state_dict(best_state)
-    best_step = max(run.history, key=lambda h: h.get("held_out_agreement", -1))["step"]
     info = dict(data=f"SmolLM2's greedy answers to {len(convs) - n_val} chat requests (minigpt.requests), "
                      f"1 batch in {stdlib_every} standard-library code", exported_step=best_step,
                 held_out_conversations=n_val, held_out=HELD_OUT_NOTE, held_out_agreement=round(best, 4),
-                embedding_init="SmolLM2 token embedding projected onto its 128 principal axes",
+                embedding_init=f"SmolLM2 token embedding projected onto its {preset.config.n_embd} principal axes",
                 hardware=f"{platform.machine()} CPU, {torch.get_num_threads()} threads", torch=torch.__version__)
     dest = export(run, best_val, info)  # val_loss: cross-entropy on the held-out answers
     log(f"exported the state of step {best_step} (held-out agreement {best:.3f}) to {dest}")

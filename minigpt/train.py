@@ -41,7 +41,6 @@ class Preset:
     block_size: int = 256
     max_steps: int = 2000
     warmup: int = 50
-    tokenizer: str = "course"   # "smollm2": the corpus in SmolLM2's tokenizer (a draft for the real model)
     ship_dtype: str = "float32"  # dtype of the exported weights (a bfloat16 draft is half the download)
 
 
@@ -51,13 +50,13 @@ PRESETS = {
     # ~0.7M parameters, one thin layer: as few operations as possible, because on a CPU a tiny model's
     # cost is mostly per-operation overhead, not arithmetic
     "draft": Preset(GPTConfig(n_layer=1, n_head=3, n_embd=96)),
-    # a draft for SmolLM2-135M (Lesson 09), trained by `python -m minigpt.real train-draft` on SmolLM2's own
-    # answers: a two-layer Llama of width 128 in SmolLM2's 49152-token vocabulary (two layers, so it can copy
-    # from the prompt as induction heads do), its embedding started from SmolLM2's, projected onto 128 axes
+    # a draft for SmolLM2-135M (Lesson 09), trained by `python -m minigpt.real train-draft` (not by this
+    # module's command) on SmolLM2's own answers: a two-layer Llama of width 128 in SmolLM2's 49152-token
+    # vocabulary (two layers, since copying from the prompt as induction heads do takes two), its embedding
+    # started from SmolLM2's, projected onto 128 axes
     "smollm2-draft": Preset(GPTConfig(vocab_size=49152, block_size=2048, n_layer=2, n_head=4, n_embd=128,
                                       norm="rmsnorm", pos="rope", mlp="swiglu", mlp_hidden=384, bias=False),
-                            lr=2e-3, batch_size=16, block_size=256, max_steps=3000, warmup=50, tokenizer="smollm2",
-                            ship_dtype="bfloat16"),
+                            lr=2e-3, batch_size=16, block_size=256, max_steps=3000, warmup=50, ship_dtype="bfloat16"),
     # a few seconds of training, for tests
     "tiny": Preset(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64), batch_size=8, block_size=64,
                    max_steps=20, warmup=2),
@@ -106,20 +105,25 @@ class Run:
                         seconds=self.seconds, history=json.dumps(self.history))
 
     def train_step(self, x, y, soft_targets: torch.Tensor | None = None) -> tuple[float, torch.Tensor]:
-        for g in self.opt.param_groups:
-            g["lr"] = lr_at(self.step, self.preset)
         logits = self.model(x)
         if soft_targets is None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
         else:  # distillation: cross-entropy against the teacher's probabilities
             loss = -(soft_targets * F.log_softmax(logits, -1)).sum(-1).mean()
+        self.optimize(loss, x.numel())
+        return loss.item(), logits.detach()
+
+    def optimize(self, loss: torch.Tensor, n_tokens: int) -> None:
+        """One optimizer step on ``loss`` at the schedule's learning rate (gradients clipped to norm 1), which
+        counts as a step and as ``n_tokens`` trained on."""
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step, self.preset)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.step += 1
-        self.tokens += x.numel()
-        return loss.item(), logits.detach()
+        self.tokens += n_tokens
 
 
 @torch.no_grad()
@@ -167,6 +171,9 @@ def main(argv=None) -> None:
         presets = {n: get_preset(n) for n in names}
     except ValueError as e:
         sys.exit(f"error: {e}")
+    if "smollm2-draft" in names:
+        sys.exit("error: the SmolLM2 draft learns from SmolLM2's answers: train it with "
+                 "`python -m minigpt.real train-draft`")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -178,11 +185,7 @@ def main(argv=None) -> None:
     if teacher is not None and len(runs) != 1:
         sys.exit("error: --teacher goes with a single preset (use --preset pair to train both together)")
     lead = runs[0]
-    enc = None
-    if lead.preset.tokenizer == "smollm2":
-        from .smollm import load_smollm_tokenizer
-        enc = load_smollm_tokenizer()
-    train_data, val_data = load_tokens("train", enc), load_tokens("val", enc)
+    train_data, val_data = load_tokens("train"), load_tokens("val")
     g = torch.Generator().manual_seed(args.seed + lead.step)  # a resumed run sees new batches
     t_start, budget = time.time(), (args.minutes * 60 if args.minutes else float("inf"))
     bar = tqdm(total=lead.preset.max_steps, initial=lead.step, desc=args.preset, dynamic_ncols=True)
