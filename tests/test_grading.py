@@ -84,6 +84,22 @@ def softmax_over_queries(q, k_new, v_new, k_cache, v_cache):
     return _attend(q, k_new, v_new, k_cache, v_cache, softmax_dim=-2)
 
 
+def attend_scales_q_in_place(q, k_new, v_new, k_cache, v_cache):
+    # right numbers, but `q *= scale` writes into the caller's tensor
+    q *= 1 / math.sqrt(q.shape[-1])
+    k, v = torch.cat([k_cache, k_new], 2), torch.cat([v_cache, v_new], 2)
+    S, T = k_cache.shape[2], q.shape[2]
+    allowed = torch.ones(T, S + T, dtype=torch.bool).tril(diagonal=S)
+    return torch.softmax((q @ k.transpose(-2, -1)).masked_fill(~allowed, float("-inf")), -1) @ v, k, v
+
+
+def crop_in_place_zeroes_tail(k_cache, v_cache, length):
+    # right slices, but "cleans up" the rejected positions in the caller's tensors
+    k_cache[:, :, length:] = 0
+    v_cache[:, :, length:] = 0
+    return k_cache[:, :, :length], v_cache[:, :, :length]
+
+
 def forgot_to_crop_cache(k_cache, v_cache, length):
     return k_cache, v_cache
 
@@ -319,6 +335,46 @@ def draft_mutates_callers_context(next_probs, context, gamma, generator=None):
     return tokens, torch.stack(qs)
 
 
+def draft_ignores_generator(next_probs, context, gamma, generator=None):
+    # right distribution, but samples from the global RNG: a seed does not reproduce the draft
+    seq, tokens, qs = list(context), [], []
+    for _ in range(gamma):
+        q = next_probs(seq)
+        x = int(torch.multinomial(q, 1))
+        tokens.append(x)
+        qs.append(q)
+        seq.append(x)
+    return tokens, torch.stack(qs)
+
+
+def step_ignores_generator(draft_tokens, q, p, generator=None):
+    return accept_sampled(draft_tokens, q, p, None)
+
+
+def step_normalises_p_in_place(draft_tokens, q, p, generator=None):
+    # right rule, but it writes the residual into the caller's p
+    out = []
+    for i, x in enumerate(draft_tokens):
+        if float(torch.rand((), generator=generator)) < min(1.0, float(p[i, x] / q[i, x])):
+            out.append(int(x))
+            continue
+        p[i] -= q[i]
+        p[i].clamp_(min=0)
+        p[i] /= p[i].sum()
+        return out + [int(torch.multinomial(p[i], 1, generator=generator))]
+    return out + [int(torch.multinomial(p[len(draft_tokens)], 1, generator=generator))]
+
+
+def greedy_pops_target(draft_tokens, target_argmax):
+    out = []
+    for x in draft_tokens:
+        t = target_argmax.pop(0)
+        if x != t:
+            return out + [t]
+        out.append(x)
+    return out + [target_argmax.pop(0)]
+
+
 def draft_records_next_q(next_probs, context, gamma, generator=None):
     seq, tokens, qs = list(context), [], []
     q = next_probs(seq)
@@ -333,8 +389,8 @@ def draft_records_next_q(next_probs, context, gamma, generator=None):
 
 WRONG = {
     "attend_with_cache": [attention_not_causal, scale_by_d_not_sqrt_d, forgot_to_append_cache,
-                          causal_mask_without_cache_offset, softmax_over_queries],
-    "crop_cache": [forgot_to_crop_cache, crop_off_by_one, crop_keeps_tail, crop_wrong_dim],
+                          causal_mask_without_cache_offset, softmax_over_queries, attend_scales_q_in_place],
+    "crop_cache": [forgot_to_crop_cache, crop_off_by_one, crop_keeps_tail, crop_wrong_dim, crop_in_place_zeroes_tail],
     "decode_flops": [forgot_factor_2_flops, flops_ignore_n_tokens, flops_in_gigaflops],
     "weight_bytes": [bytes_as_bits, weight_bytes_in_gb, weight_bytes_hardcoded_fp16],
     "arithmetic_intensity": [intensity_upside_down, intensity_forgot_factor_2, intensity_weights_read_per_token],
@@ -344,11 +400,11 @@ WRONG = {
     "kv_cache_bytes_per_token": [kv_forgot_k_and_v, kv_one_layer_only, kv_bytes_as_bits],
     "speculative_step": [forgot_bonus_token, unnormalised_residual, residual_abs_not_clamp,
                          residual_from_p_not_p_minus_q, ratio_upside_down, accept_if_p_beats_q,
-                         continue_after_reject],
+                         continue_after_reject, step_ignores_generator, step_normalises_p_in_place],
     "greedy_step": [greedy_forgot_bonus_token, greedy_continue_after_mismatch, greedy_target_token_off_by_one,
-                    greedy_keeps_draft_at_mismatch],
+                    greedy_keeps_draft_at_mismatch, greedy_pops_target],
     "draft": [argmax_draft_soft_q, draft_same_context_every_step, draft_mutates_callers_context,
-              draft_records_next_q],
+              draft_records_next_q, draft_ignores_generator],
 }
 
 

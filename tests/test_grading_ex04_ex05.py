@@ -172,13 +172,30 @@ def ignores_min_ngram(seq, max_ngram, num_pred, min_ngram=1):
     return _finder(seq, max_ngram, num_pred, 1)
 
 
+def find_candidates_reverses_seq(seq, max_ngram, num_pred, min_ngram=1):
+    # right answers, but "most recent first" by reversing the caller's list in place (and never undoing it)
+    seq.reverse()
+    return _finder(seq[::-1], max_ngram, num_pred, min_ngram)
+
+
+def misses_occurrence_at_index_0(seq, max_ngram, num_pred, min_ngram=1):
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if n < 1 or len(seq) <= n:
+            continue
+        for s in range(len(seq) - n - 1, 0, -1):  # stops before s = 0
+            if seq[s:s + n] == seq[-n:]:
+                return list(seq[s + n:s + n + num_pred])
+    return []
+
+
 WRONG = {
     "tree_mask_and_positions": [siblings_see_each_other, positions_off_by_one, forgot_self_attention,
                                 positions_by_index, mask_transposed, positions_without_offset],
     "longest_accepted_path": [stops_at_first_child_only, forgot_bonus_token, accepts_root,
                               picks_longest_leaf_not_target_path, next_token_at_parent],
     "find_candidates": [matches_suffix_itself, shortest_ngram_first, oldest_match_not_most_recent,
-                        off_by_one_continuation, ignores_num_pred, ignores_min_ngram],
+                        off_by_one_continuation, ignores_num_pred, ignores_min_ngram, find_candidates_reverses_seq,
+                        misses_occurrence_at_index_0],
 }
 
 

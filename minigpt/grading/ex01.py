@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from ..cache import KVCache
 from ..model import CausalSelfAttention, GPTConfig
 from .core import Exercise, Mismatch, expect_close, expect_tensor
+from .helpers import call_unchanged, pick_hint
 
 NOTEBOOK = "ex01_kv_attention.ipynb"
 
@@ -39,13 +40,67 @@ def _unpack(ret, what: str, n: int):
     return ret
 
 
+def _variant(q, k_new, v_new, k_cache, v_cache, *, scale=None, mask="shifted", keys="all", softmax_dim=-1):
+    """Attention with one known mistake, to recognise which one a wrong answer made."""
+    k = torch.cat([k_cache, k_new], 2) if keys == "all" else k_new
+    v = torch.cat([v_cache, v_new], 2) if keys == "all" else v_new
+    T, L = q.shape[2], k.shape[2]
+    scores = q @ k.transpose(-2, -1) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if mask == "shifted":
+        allowed = torch.ones(T, L, dtype=torch.bool).tril(diagonal=L - T)
+    elif mask == "top_left":
+        allowed = torch.ones(T, L, dtype=torch.bool).tril()
+    else:
+        allowed = torch.ones(T, L, dtype=torch.bool)
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=softmax_dim) @ v
+
+
+_ATTENTION_BUGS = [
+    (dict(mask="none"), "new tokens see later new tokens: mask the scores with -inf where key j > S + i "
+                        "(the causal mask)"),
+    (dict(mask="top_left"), "the causal triangle is aligned to the top-left corner (tril of (T, S+T), or "
+                            "is_causal=True): new token i sits at position S + i, so shift it by S columns "
+                            "(tril(diagonal=S))"),
+    (dict(scale="d"), "the scores are divided by head_size; the scale is 1/sqrt(head_size)"),
+    (dict(scale=1.0), "the scores are not scaled: divide q K^T by sqrt(head_size)"),
+    (dict(softmax_dim=-2), "the softmax runs over the queries (dim -2): normalise over the keys, the last dim"),
+    (dict(keys="new"), "out attends over the new keys only: attend over the cache followed by the new keys"),
+    (dict(keys="new", mask="none"), "out attends over the new keys only, without a mask: attend over the cache "
+                                    "and the new keys, causally"),
+]
+
+
+def _diagnose(out, args) -> str | None:
+    """The hint of the known mistake that reproduces ``out``, if one does."""
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        return None
+    hints = []
+    for kw, hint in _ATTENTION_BUGS:
+        kw = dict(kw)
+        if kw.get("scale") == "d":
+            kw["scale"] = 1 / args[0].shape[-1]
+        want = _variant(*args, **kw)
+        if want.shape == out.shape and torch.allclose(out.detach().cpu().float(), want, atol=1e-5, rtol=1e-4):
+            hints.append(hint)
+    return pick_hint(hints)
+
+
 def _compare_attention(fn, B, H, S, T, D, seed) -> str:
     args = _inputs(B, H, S, T, D, seed)
     ref_out, ref_k, ref_v = _reference_attention(*args)
     out, k_all, v_all = _unpack(fn(*[a.clone() for a in args]), "(out, k_all, v_all)", 3)
-    expect_tensor("k_all", k_all, tuple(ref_k.shape))
-    expect_tensor("v_all", v_all, tuple(ref_v.shape))
-    diff = expect_close("out", out, ref_out)
+    try:
+        expect_tensor("k_all", k_all, tuple(ref_k.shape))
+        expect_tensor("v_all", v_all, tuple(ref_v.shape))
+    except Mismatch as m:
+        m.hint = ("k_all, v_all are the grown cache: the S cached positions followed by the T new ones, "
+                  "concatenated on dim 2")
+        raise
+    try:
+        diff = expect_close("out", out, ref_out)
+    except Mismatch as m:
+        m.hint = _diagnose(out, args) or m.hint
+        raise
     return f"out {tuple(ref_out.shape)} matches scaled_dot_product_attention (max |diff| {diff:.1e})"
 
 
@@ -89,8 +144,17 @@ def _returns_cache(fn):
     return f"k_all, v_all {tuple(ref_k.shape)} = cache then new"
 
 
+@attend.case("leaves its inputs unchanged (q, k_new, v_new and the cache)", 1,
+             "compute new tensors (q @ k.transpose(-2, -1) / math.sqrt(d)); do not write into the inputs")
+def _attend_unchanged(fn):
+    args = _inputs(2, 2, 3, 4, 8, seed=17)
+    call_unchanged(fn, args, ("q", "k_new", "v_new", "k_cache", "v_cache"))
+    return "q, k_new, v_new, k_cache, v_cache unchanged"
+
+
 @attend.case("decodes like minigpt's CausalSelfAttention + KVCache (5, then 1, then 3 tokens)", 2,
-             "feed each step's k_all, v_all back in as the next step's cache")
+             "this case runs your function inside a real layer for three steps, feeding k_all, v_all back as "
+             "the next cache; if a case above fails, its hint names the mistake")
 def _like_minigpt(fn):
     cfg = GPTConfig(vocab_size=16, block_size=32, n_layer=1, n_head=4, n_embd=32)
     g = torch.Generator().manual_seed(16)
@@ -121,14 +185,32 @@ def _like_minigpt(fn):
 crop = Exercise("crop_cache", NOTEBOOK, "keep only the first `length` positions of the cache")
 
 
+def _crop_hint(got, k, length) -> str | None:
+    """The hint of the known cropping mistake that gives ``got`` from the cache ``k``, if one does."""
+    if not isinstance(got, torch.Tensor):
+        return None
+    S = k.shape[2]
+    known = [(k, "the cache came back uncropped: keep only its first `length` positions"),
+             (k[:, :, :length - 1], "one position too few: [:, :, :length] keeps positions 0..length-1"),
+             (k[:, :, :length + 1], "one position too many: [:, :, :length] keeps exactly `length` positions"),
+             (k[:, :, S - length:], "the last `length` positions were kept: the accepted prefix is at the start"),
+             (k[..., :length], "the slice cut the head_size dimension (the last one): positions are dim 2")]
+    return pick_hint([hint for want, hint in known
+                      if tuple(got.shape) == tuple(want.shape) and torch.equal(got.detach().cpu(), want)])
+
+
 def _crop_case(fn, S, length, seed):
     g = torch.Generator().manual_seed(seed)
     k, v = torch.randn(2, 3, S, 4, generator=g), torch.randn(2, 3, S, 4, generator=g)
     k2, v2 = _unpack(fn(k.clone(), v.clone(), length), "(k, v)", 2)
-    expect_tensor("cropped k", k2, (2, 3, length, 4))
-    expect_tensor("cropped v", v2, (2, 3, length, 4))
-    expect_close("cropped k", k2, k[:, :, :length], atol=0, rtol=0)
-    expect_close("cropped v", v2, v[:, :, :length], atol=0, rtol=0)
+    try:
+        expect_tensor("cropped k", k2, (2, 3, length, 4))
+        expect_tensor("cropped v", v2, (2, 3, length, 4))
+        expect_close("cropped k", k2, k[:, :, :length], atol=0, rtol=0)
+        expect_close("cropped v", v2, v[:, :, :length], atol=0, rtol=0)
+    except Mismatch as m:
+        m.hint = _crop_hint(k2, k, length) or m.hint
+        raise
     return f"shape (2, 3, {length}, 4), the first {length} of {S} positions"
 
 
@@ -164,3 +246,11 @@ def _crop_rollback(fn):
     ref, _, _ = _reference_attention(q_n, k_n, v_n, k_full[:, :, :7], v_full[:, :, :7])
     diff = expect_close("attention output after the rollback", out, ref)
     return f"attention after the rollback matches (max |diff| {diff:.1e})"
+
+
+@crop.case("leaves the caller's cache unchanged", 1, "slicing makes a view without changing the tensor it reads")
+def _crop_unchanged(fn):
+    g = torch.Generator().manual_seed(25)
+    k, v = torch.randn(2, 3, 8, 4, generator=g), torch.randn(2, 3, 8, 4, generator=g)
+    call_unchanged(fn, (k, v, 5), ("k_cache", "v_cache", "length"))
+    return "k_cache, v_cache unchanged"

@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 
 from ..decoding.verify import accept_greedy, accept_sampled
-from .core import Exercise, Mismatch, expect_distribution, expect_tensor, expect_token_list, fmt_probs
+from .core import (Exercise, Mismatch, expect_distribution, expect_tensor, expect_token_list, fmt_probs,
+                   tv_distance)
+from .helpers import call_unchanged, expect_reproducible, pick_hint
 
 NOTEBOOK = "ex03_speculative_step.ipynb"
 V = 6
@@ -41,6 +43,48 @@ def _run_rounds(fn, q: torch.Tensor, p: torch.Tensor, n: int, seed: int) -> list
     return outs
 
 
+def _first_token_variants(q: torch.Tensor, p: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
+    """The exact distribution of a round's first token under known wrong rules (q, p: one position's (V,)),
+    each with the hint for its bug."""
+    q, p = q.double(), p.double()
+    res = (p - q).clamp(min=0)
+    z = float(res.sum())
+    norm_res = res / z if z > 0 else p
+
+    def rule(accept_prob: torch.Tensor, replacement: torch.Tensor) -> torch.Tensor:
+        accepted = q * accept_prob
+        return accepted + (1 - float(accepted.sum())) * replacement
+
+    ratio = torch.where(q > 0, p / q.clamp(min=1e-300), torch.zeros_like(p)).clamp(max=1)
+    inverse = torch.where(p > 0, q / p.clamp(min=1e-300), torch.zeros_like(p)).clamp(max=1)
+    lacking = res.clone()
+    lacking[-1] += 1 - z  # inverse-CDF sampling of max(0, p - q) without normalising: the rest lands on the last id
+    absolute = (p - q).abs() / float((p - q).abs().sum())
+    return [
+        (rule(ratio, p), "the replacement after a rejection is drawn from p itself: draw it from the residual "
+                         "max(0, p - q), normalised (the lesson's 'why it is exact' shows why p over-counts)"),
+        (rule(ratio, absolute), "the residual uses |p - q|: it is max(0, p - q), tokens the draft under-proposed "
+                                "only"),
+        (rule(ratio, lacking), "the residual max(0, p - q) is not normalised before sampling: divide it by its sum"),
+        (rule(inverse, norm_res), "the acceptance ratio is upside down: accept with probability min(1, p(x)/q(x))"),
+        (rule((p >= q).double(), norm_res), "the draft is accepted whenever p(x) >= q(x), with no random test: "
+                                            "accept with probability min(1, p(x)/q(x)), i.e. when u < p(x)/q(x)"),
+        (q, "the emitted token follows the draft's q: a rejected draft must be replaced (from the residual), and "
+            "accepted only with probability min(1, p(x)/q(x))"),
+    ]
+
+
+def _diagnose_first(tokens, q: torch.Tensor, p: torch.Tensor, m: Mismatch) -> Mismatch:
+    """Give ``m`` the hint of the known wrong rule whose distribution is closest to what was observed (when
+    it is clearly closer than the right one)."""
+    counts = torch.bincount(torch.as_tensor(tokens, dtype=torch.long), minlength=V)
+    right = tv_distance(counts, p)
+    best = min(_first_token_variants(q, p), key=lambda v: tv_distance(counts, v[0]))
+    if tv_distance(counts, best[0]) < right / 2:
+        m.hint = best[1]
+    return m
+
+
 # ---- speculative_step(draft_tokens, q, p, generator) -> list[int] --------------------------------------------
 
 step = Exercise("speculative_step", NOTEBOOK, "accept each draft with prob min(1, p/q); at the first rejection "
@@ -65,8 +109,20 @@ def _identical(fn):
     short = [o for o in outs if len(o) != 4]
     if short:
         raise Mismatch("4 tokens (3 accepted drafts + 1 bonus) in every round", f"{len(short[0])} tokens, "
-                       f"e.g. {short[0]}, in {len(short)} of 2000 rounds")
-    return "4 tokens every round; bonus " + expect_distribution("the bonus token", [o[3] for o in outs], p[3])
+                       f"e.g. {short[0]}, in {len(short)} of 2000 rounds",
+                       "with q == p every ratio p(x)/q(x) is 1, so no draft may be rejected: test draft i "
+                       "against row i of both (p[i, x] / q[i, x])")
+    bonus = [o[3] for o in outs]
+    try:
+        return "4 tokens every round; bonus " + expect_distribution("the bonus token", bonus, p[3])
+    except Mismatch as m:
+        for row in range(3):
+            try:
+                expect_distribution("", bonus, p[row])
+                m.hint = f"the bonus token follows p[{row}]: it comes from the row after the last draft, p[gamma]"
+            except Mismatch:
+                pass
+        raise
 
 
 @step.case("disjoint supports: the first draft is always replaced, from p[0]", 1,
@@ -90,7 +146,11 @@ def _first_token(fn):
     g = torch.Generator().manual_seed(1000)
     q, p = _dist(g, 1), _dist(g, 2)
     outs = _run_rounds(fn, q, p, 4000, seed=1001)
-    return expect_distribution("the first output token", [o[0] for o in outs], p[0])
+    first = [o[0] for o in outs]
+    try:
+        return expect_distribution("the first output token", first, p[0])
+    except Mismatch as m:
+        raise _diagnose_first(first, q[0], p[0], m)
 
 
 def _theory_accepted(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -122,7 +182,10 @@ def _every_position(fn):
     for i in range(4):
         tokens = [o[i] for o in outs if len(o) > i]
         if len(tokens) >= 200:  # too few rounds reach a position -> no verdict on it
-            expect_distribution(f"the token at position {i}", tokens, p[i])
+            try:
+                expect_distribution(f"the token at position {i}", tokens, p[i])
+            except Mismatch as m:
+                raise _diagnose_first(tokens, q[0], p[0], m) if i == 0 else m
             checked.append(f"{i} ({len(tokens)} samples)")
     return "positions " + ", ".join(checked) + " follow p"
 
@@ -144,17 +207,49 @@ def _greedy_onehot(fn):
     return "60 one-hot rounds agree with the greedy rule"
 
 
+@step.case("leaves its inputs unchanged, and a seeded generator reproduces the round", 1,
+           "compute the residual as a new tensor ((p[i] - q[i]).clamp(min=0)), and draw every random number "
+           "from the generator you are given")
+def _step_unchanged_reproducible(fn):
+    g = torch.Generator().manual_seed(391)
+    q, p = _dist(g, 4, sharpness=3.0), _dist(g, 5, sharpness=3.0)
+    drafts = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(4)]
+    call_unchanged(fn, (drafts, q, p, torch.Generator().manual_seed(0)), ("draft_tokens", "q", "p", "generator"))
+
+    def twenty_rounds(gen):
+        return [expect_token_list("the returned tokens", fn(list(drafts), q.clone(), p.clone(), gen))
+                for _ in range(20)]
+    return "inputs unchanged; " + expect_reproducible("20 rounds", twenty_rounds)
+
+
 # ---- greedy_step(draft_tokens, target_argmax) -> list[int] ----------------------------------------------------
 
 greedy = Exercise("greedy_step", NOTEBOOK, "keep drafts while they equal the target's argmax, then add the "
                   "target's token")
 
 
+def _greedy_variants(drafts, target) -> list[tuple[list[int], str]]:
+    """What known wrong greedy rules return on this input, each with the hint for its bug."""
+    n = next((i for i, (x, t) in enumerate(zip(drafts, target)) if x != t), len(drafts))  # accepted drafts
+    kept = list(drafts[:n])
+    out = [(kept, "the round always ends with one token of the target: its argmax after the accepted drafts "
+                  "(the bonus token when every draft matched)"),
+           (kept + [target[min(n + 1, len(target) - 1)]], "the target's token is taken one position too late: "
+                                                          "after n accepted drafts it is target_argmax[n]"),
+           (list(drafts[:n + 1]) if n < len(drafts) else kept + [target[n]],
+            "at the first mismatch the target's token replaces the draft: emit target_argmax[n], not the draft"),
+           ([x for x, t in zip(drafts, target) if x == t] + [target[sum(x == t for x, t in zip(drafts, target))]],
+            "drafts after the first mismatch were conditioned on a wrong token: stop at the first mismatch")]
+    right = accept_greedy(drafts, target)
+    return [(v, h) for v, h in out if v != right]
+
+
 def _greedy_case(fn, drafts, target) -> str:
     expected = accept_greedy(drafts, target)
     got = expect_token_list("the returned tokens", fn(list(drafts), list(target)))
     if got != expected:
-        raise Mismatch(f"{expected} for drafts {drafts} and target argmax {target}", f"{got}")
+        hint = pick_hint([h for v, h in _greedy_variants(drafts, target) if v == got])
+        raise Mismatch(f"{expected} for drafts {drafts} and target argmax {target}", f"{got}", hint)
     return f"{drafts} vs {target} -> {got}"
 
 
@@ -190,6 +285,12 @@ def _greedy_random(fn):
         drafts = torch.where(agree, target[:gamma], torch.randint(50, (gamma,), generator=g))
         _greedy_case(fn, drafts.tolist(), target.tolist())
     return "200 rounds agree"
+
+
+@greedy.case("leaves the caller's lists unchanged", 1, "build a new output list; read the inputs only")
+def _greedy_unchanged(fn):
+    call_unchanged(fn, ([3, 1, 4, 1], [3, 1, 5, 9, 2]), ("draft_tokens", "target_argmax"))
+    return "draft_tokens and target_argmax unchanged"
 
 
 # ---- draft(next_probs, context, gamma, generator) -> (tokens, q) -----------------------------------------------
@@ -255,6 +356,15 @@ def _draft_context(fn):
     g = torch.Generator().manual_seed(383)
     _call_draft(fn, _dist(g, V), [1, 2, 3], 3, g, check_context=True)
     return "context unchanged"
+
+
+@drafting.case("the same generator seed gives the same draft, another seed another draft", 1,
+               "sample with torch.multinomial(..., generator=generator): the global RNG (no generator=) "
+               "differs from call to call, so a seed would not reproduce the draft")
+def _draft_reproducible(fn):
+    g = torch.Generator().manual_seed(386)
+    table = _dist(g, V, sharpness=0.5)
+    return expect_reproducible("draft", lambda gen: _call_draft(fn, table, [0, 1], 8, gen)[0])
 
 
 @drafting.case("drafted tokens are samples from q (not its argmax)", 2,

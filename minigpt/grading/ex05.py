@@ -11,6 +11,7 @@ import torch
 
 from ..decoding.lookup import find_candidates as reference
 from .core import Exercise, Mismatch, expect_token_list
+from .helpers import call_unchanged, pick_hint
 
 NOTEBOOK = "ex05_prompt_lookup.ipynb"
 
@@ -18,12 +19,58 @@ lookup = Exercise("find_candidates", NOTEBOOK, "the tokens after the most recent
                   "longest suffix n-gram (max_ngram down to min_ngram), at most num_pred of them")
 
 
+def _finder(seq, max_ngram, num_pred, min_ngram=1, *, sizes=None, recent=True, self_match=False, shift=0,
+            limit=True, first_start=0):
+    """The n-gram finder with one pluggable mistake (the defaults give the right answer)."""
+    sizes = sizes if sizes is not None else range(max_ngram, min_ngram - 1, -1)
+    for n in sizes:
+        if n < 1 or len(seq) < n or (len(seq) == n and not self_match):
+            continue
+        last = len(seq) - n if self_match else len(seq) - n - 1
+        starts = range(last, first_start - 1, -1) if recent else range(first_start, last + 1)
+        for s in starts:
+            if seq[s:s + n] == seq[-n:]:
+                begin = s + n - shift
+                return list(seq[begin:begin + num_pred]) if limit else list(seq[begin:])
+    return []
+
+
+_FINDER_BUGS = [
+    (dict(first_start=1), "the search never looks at start index 0: range(len(seq) - n - 1, -1, -1) includes it"),
+    (dict(self_match=True), "the suffix matched itself (start len(seq) - n): only starts before it count"),
+    (dict(recent=False), "the oldest occurrence was used: scan the starts from the end backwards, most recent "
+                         "first"),
+    (dict(shift=1), "the proposal starts at the matched n-gram's last token: it starts right after the n-gram, "
+                    "at s + n"),
+    (dict(limit=False), "more than num_pred tokens: slice the continuation to at most num_pred"),
+    (dict(sizes="ascending"), "a shorter n-gram won over a longer one: try n = max_ngram first, then shorter"),
+    (dict(sizes="from_one"), "an n-gram shorter than min_ngram was used: stop at n = min_ngram"),
+    (dict(sizes="max_only"), "only n = max_ngram was tried: fall back to shorter n-grams, down to min_ngram"),
+]
+
+
+def _diagnose(got, seq, max_ngram, num_pred, min_ngram) -> str | None:
+    hints = []
+    for kw, hint in _FINDER_BUGS:
+        kw = dict(kw)
+        sizes = kw.pop("sizes", None)
+        if sizes == "ascending":
+            kw["sizes"] = range(min_ngram, max_ngram + 1)
+        elif sizes == "from_one":
+            kw["sizes"] = range(max_ngram, 0, -1)
+        elif sizes == "max_only":
+            kw["sizes"] = [max_ngram]
+        if _finder(seq, max_ngram, num_pred, min_ngram, **kw) == got:
+            hints.append(hint)
+    return pick_hint(hints)
+
+
 def _case(fn, seq, max_ngram, num_pred, min_ngram=1) -> str:
     want = reference(seq, max_ngram, num_pred, min_ngram)
     got = expect_token_list("the candidates", fn(list(seq), max_ngram, num_pred, min_ngram))
     if got != want:
         raise Mismatch(f"{want} for seq={list(seq)}, max_ngram={max_ngram}, num_pred={num_pred}, "
-                       f"min_ngram={min_ngram}", f"{got}")
+                       f"min_ngram={min_ngram}", f"{got}", _diagnose(got, list(seq), max_ngram, num_pred, min_ngram))
     return f"{list(seq)} -> {got}"
 
 
@@ -106,3 +153,12 @@ def _random(fn):
         max_ngram = 1 + r % 4
         _case(fn, seq, max_ngram, 1 + r % 7, 1 + (r // 4) % max_ngram)
     return "300 random sequences right"
+
+
+@lookup.case("leaves the caller's seq unchanged", 1,
+             "read seq, do not reorder or extend it: seq[::-1] and sorted(seq) make new lists, seq.reverse() "
+             "and seq.sort() change the caller's")
+def _unchanged(fn):
+    for seq in ([3, 1, 4, 1, 5, 9, 2, 6, 1, 4], [7, 7, 2, 7]):
+        call_unchanged(fn, (list(seq), 3, 4, 1), ("seq", "max_ngram", "num_pred", "min_ngram"))
+    return "seq unchanged"
