@@ -3,6 +3,11 @@
     python -m minigpt.train --preset target --minutes 60          # train (or resume) the target
     python -m minigpt.train --preset draft --teacher runs/target/ckpt.pt   # distil a draft from it
     python -m minigpt.train --preset pair --minutes 60            # both at once (draft learns from the live target)
+    python -m minigpt.train --preset target --init minigpt/checkpoints/target.pt --copy-mix 0.5 --lr 1e-3 \
+        --max-steps 400 --out runs/copy                           # go on training the target on copy-heavy text
+
+``--copy-mix F`` draws a fraction F of every batch from :mod:`minigpt.copydata` (functions and paragraphs
+followed by an edited copy), so that the model learns to copy from its context, the case prompt lookup needs.
 
 A run keeps ``runs/<name>/ckpt.pt`` (weights, optimizer, step) and resumes from it when started again, so a
 long schedule can be spread over several sessions. ``--export`` writes the weights alone into the package.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import platform
@@ -29,8 +35,10 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .checkpoint import PACKAGE_CHECKPOINTS, load_model, read_checkpoint, save_checkpoint
+from .copydata import copy_accuracy, load_copy_tokens
 from .data import get_batch, load_tokens
 from .model import GPT, GPTConfig
+from .prompts import edit_prompts
 
 
 @dataclass
@@ -156,6 +164,11 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="target", help=f"one of: {', '.join(PRESETS)}, pair")
     ap.add_argument("--teacher", type=Path, help="checkpoint to distil from (draft preset)")
+    ap.add_argument("--init", type=Path, help="start a new run from these weights (e.g. the shipped target)")
+    ap.add_argument("--copy-mix", type=float, default=0.0,
+                    help="fraction of each batch drawn from copy-heavy examples (minigpt.copydata)")
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (overrides the preset)")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up steps (overrides the preset)")
     ap.add_argument("--minutes", type=float, default=None, help="stop after this much wall time (resumable)")
     ap.add_argument("--max-steps", type=int, default=None, help="length of the schedule (overrides the preset)")
     ap.add_argument("--eval-every", type=int, default=100)
@@ -177,15 +190,28 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    for p in presets.values():
-        if args.max_steps:
-            p.max_steps = args.max_steps
+    if not 0.0 <= args.copy_mix <= 1.0:
+        sys.exit("error: --copy-mix is a fraction between 0 and 1")
+    overrides = {k: v for k, v in dict(max_steps=args.max_steps, lr=args.lr, warmup=args.warmup).items() if v}
+    presets = {n: dataclasses.replace(p, **overrides) for n, p in presets.items()}
     runs = [Run(n, p, args.out, args.fresh) for n, p in presets.items()]
+    if args.init is not None:
+        if len(runs) != 1:
+            sys.exit("error: --init goes with a single preset")
+        if runs[0].step == 0:
+            init = load_model(args.init, "cpu")
+            if init.config != runs[0].model.config:
+                sys.exit(f"error: {args.init} has another configuration than the preset {names[0]!r}")
+            runs[0].model.load_state_dict(init.state_dict())
+            runs[0].history.append(dict(step=0, init=str(args.init)))
     teacher = load_model(args.teacher, "cpu") if args.teacher else None
     if teacher is not None and len(runs) != 1:
         sys.exit("error: --teacher goes with a single preset (use --preset pair to train both together)")
     lead = runs[0]
     train_data, val_data = load_tokens("train"), load_tokens("val")
+    copy_train = load_copy_tokens("train") if args.copy_mix else None
+    copy_val = load_copy_tokens("val") if args.copy_mix else None
+    n_copy = round(lead.preset.batch_size * args.copy_mix)
     g = torch.Generator().manual_seed(args.seed + lead.step)  # a resumed run sees new batches
     t_start, budget = time.time(), (args.minutes * 60 if args.minutes else float("inf"))
     bar = tqdm(total=lead.preset.max_steps, initial=lead.step, desc=args.preset, dynamic_ncols=True)
@@ -195,7 +221,10 @@ def main(argv=None) -> None:
         args.export = True
     while lead.step < lead.preset.max_steps and time.time() - t_start < budget:
         t0 = time.time()
-        x, y = get_batch(train_data, lead.preset.batch_size, lead.preset.block_size, g)
+        x, y = get_batch(train_data, lead.preset.batch_size - n_copy, lead.preset.block_size, g)
+        if n_copy:
+            cx, cy = get_batch(copy_train, n_copy, lead.preset.block_size, g)
+            x, y = torch.cat([x, cx]), torch.cat([y, cy])
         soft = None
         if teacher is not None:
             with torch.no_grad():
@@ -212,6 +241,10 @@ def main(argv=None) -> None:
                 val[r.name] = evaluate(r.model, val_data, r.preset.block_size)
                 r.history.append(dict(step=r.step, tokens=r.tokens, seconds=round(r.seconds),
                                       train_loss=round(losses[r.name], 4), val_loss=round(val[r.name], 4)))
+                if copy_val is not None:
+                    r.history[-1].update(copy_val_loss=round(evaluate(r.model, copy_val, r.preset.block_size), 4),
+                                         copy_accuracy=round(copy_accuracy(r.model, edit_prompts(24)), 4))
+                    print(f"[{r.name}] step {r.step}: {r.history[-1]}", flush=True)
                 r.save()
         bar.set_postfix({f"{n}_loss": f"{v:.3f}" for n, v in losses.items()} |
                         {f"{n}_val": f"{v:.3f}" for n, v in val.items()})
@@ -231,6 +264,10 @@ def main(argv=None) -> None:
             extra = dict(hardware=hw, torch=torch.__version__, python=platform.python_version(),
                          distilled_from=("target (trained together)" if args.preset == "pair" else
                                          str(args.teacher) if args.teacher else None))
+            if args.init:
+                extra["continued_from"] = str(args.init)
+            if args.copy_mix:
+                extra["copy_mix"] = args.copy_mix
             print(f"[{r.name}] exported to {export(r, v, extra)}")
 
 
