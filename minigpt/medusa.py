@@ -225,21 +225,39 @@ def main(argv=None) -> None:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--resume", action="store_true", help="continue from the shipped heads")
     ap.add_argument("--write", action="store_true", help="save into minigpt/checkpoints/ with a card")
+    ap.add_argument("--target", type=Path, default=None,
+                    help="train for this target checkpoint instead of the shipped one (e.g. a run's ckpt.pt)")
+    ap.add_argument("--out", type=Path, default=PACKAGE_CHECKPOINTS,
+                    help="folder --write saves medusa.pt and medusa_card.json into (default: the package's)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--copy-data", action="store_true",
+                    help="train on the corpus and the copy-heavy examples of minigpt.copydata, joined")
     args = ap.parse_args(argv)
-    target = load_pretrained("target", "cpu")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from .checkpoint import load_model
+    target = load_model(args.target, "cpu") if args.target else load_pretrained("target", "cpu")
     heads = load_heads(target) if args.resume else MedusaHeads.for_target(target, args.heads)
-    info = train_heads(target, heads, args.minutes)
+    data = None
+    if args.copy_data:
+        import numpy as np
+        from .copydata import load_copy_tokens
+        data = np.concatenate([load_tokens("train"), load_copy_tokens("train")])
+    info = train_heads(target, heads, args.minutes, data=data)
     acc = head_accuracy(target, heads, load_tokens("val"))
     card = dict(
-        target="minigpt/checkpoints/target.pt (frozen)", data="training split of the standard-library corpus",
+        target="minigpt/checkpoints/target.pt (frozen)",
+        data="training split of the standard-library corpus" + (" and its copy-heavy examples (minigpt.copydata)"
+                                                               if args.copy_data else ""),
         n_heads=len(heads.heads), **{k: v for k, v in info.items() if k != "history"},
         hardware=f"{platform.machine()} CPU, {torch.get_num_threads()} threads, torch {torch.__version__}",
         held_out_top1=[round(float(a[0]), 4) for a in acc], held_out_top5=[round(float(a[:5].sum()), 4) for a in acc],
         rank_accuracy=[[round(float(v), 4) for v in row] for row in acc], history=info["history"])
     print(json.dumps({k: v for k, v in card.items() if k not in ("rank_accuracy", "history")}, indent=1))
     if args.write:
-        save_heads(heads, rank_accuracy=acc)
-        (PACKAGE_CHECKPOINTS / "medusa_card.json").write_text(json.dumps(card, indent=1) + "\n")
+        args.out.mkdir(parents=True, exist_ok=True)
+        save_heads(heads, args.out / MEDUSA_CHECKPOINT.name, rank_accuracy=acc)
+        (args.out / "medusa_card.json").write_text(json.dumps(card, indent=1) + "\n")
 
 
 if __name__ == "__main__":
