@@ -1,15 +1,15 @@
-"""Lesson 09 runs a real model (SmolLM2-135M) whose weights are fetched separately, once
+"""Lessons 09 and 09b run a real model (SmolLM2-135M) whose weights are fetched separately, once
 (``python -m minigpt.smollm fetch``) and read with the optional ``gguf`` package. Where either is missing (CI,
-a fresh clone), the lesson is skipped with the reason instead of failing; every other lesson runs as usual."""
+a fresh clone), those lessons are skipped with the reason instead of failing; every other lesson runs as usual."""
 from __future__ import annotations
 
 import pytest
 
-REAL_MODEL_LESSONS = ("09_real_model.ipynb",)
+REAL_MODEL_LESSONS = ("09_real_model.ipynb", "09b_real_model_drafters.ipynb")
 
 
 def _why_not_runnable() -> str | None:
-    """None when Lesson 09 can run here, else the reason it cannot."""
+    """None when Lessons 09 and 09b can run here, else the reason it cannot."""
     from minigpt import smollm
     if smollm.gguf_path() is None:
         return smollm.MISSING_REASON

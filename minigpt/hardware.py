@@ -155,3 +155,46 @@ def measure_call_overhead(device: torch.device | str, repeat: int = 5, calls: in
         for _ in range(calls):
             torch.add(x, x)
     return statistics.median(time_call(many_adds, device, warmup=1, repeat=repeat)) / calls
+
+
+SYSFS_CPU_CACHE = "/sys/devices/system/cpu/cpu0/cache"   # Linux: one folder index0, index1, ... per cache
+_SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_cache_size(text: str) -> int:
+    """Bytes from a cache size as Linux's sysfs writes it: ``"32K"`` -> 32768, ``"1M"``, ``"512"`` (bytes)."""
+    text = text.strip()
+    if not text:
+        raise ValueError("empty cache size")
+    unit = _SIZE_UNITS.get(text[-1].upper(), 1)
+    digits = text[:-1] if text[-1].upper() in _SIZE_UNITS else text
+    if not digits.isdigit():
+        raise ValueError(f"not a cache size: {text!r} (expected digits with an optional K, M or G)")
+    return int(digits) * unit
+
+
+def largest_cpu_cache(sysfs_dir: str | None = None) -> tuple[str, int] | None:
+    """``(name, bytes)`` of the CPU's largest cache (e.g. ``("L3", 33554432)``), as the operating system
+    reports it, or None where it does not say.
+
+    Linux: every folder ``index*`` under ``sysfs_dir`` (default :data:`SYSFS_CPU_CACHE`) describes one cache
+    with a ``level`` file (1, 2, 3) and a ``size`` file (``"32K"``); unreadable or malformed folders are
+    skipped. macOS: ``sysctl hw.l3cachesize`` (then ``hw.l2cachesize``)."""
+    import platform
+    import subprocess
+    from pathlib import Path
+    if sysfs_dir is None and platform.system() == "Darwin":
+        for key in ("hw.l3cachesize", "hw.l2cachesize"):
+            out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True).stdout.strip()
+            if out.isdigit() and int(out):
+                return key.split(".")[1][:2].upper(), int(out)
+        return None
+    best: tuple[str, int] | None = None
+    for d in sorted(Path(sysfs_dir or SYSFS_CPU_CACHE).glob("index*")):
+        try:
+            level, size = (d / "level").read_text().strip(), parse_cache_size((d / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if best is None or size > best[1]:
+            best = (f"L{level}", size)
+    return best
