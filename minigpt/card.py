@@ -1,7 +1,8 @@
-"""Measure the shipped pair and write its card: ``python -m minigpt.card [--prompts N] [--write]``.
+"""Measure the shipped pair and write its card: ``python -m minigpt.card [--prompts N] [--recipe TEXT] [--write]``.
 
-The card records how each model was trained (read from the checkpoints) and what the pair does for
-speculative decoding, measured here and now:
+The card is what a learner reads about the shipped models (``minigpt.model_card()``, Lesson 00): the data,
+each model's configuration and training facts (read from the checkpoints), an optional plain ``recipe`` (how
+to train the pair again, in words), and what the pair does for speculative decoding, measured here and now:
 
 * the draft's greedy acceptance rate alpha against the target at gamma = 4 on held-out code
   (accepted drafted tokens / drafted tokens actually tested: those after a rejection are never tested),
@@ -49,11 +50,14 @@ def measure_acceptance(target, draft, n_prompts: int = 16, max_new_tokens: int =
                 identical_to_plain_greedy=bool(identical))
 
 
-TARGETS = dict(tokens_per_target_pass=2.5, acceptance_rate_alpha=0.6, cost_ratio_c=0.15)  # from the course's brief
+PUBLIC_FIELDS = ("data", "models", "pair", "recipe")  # everything a card holds; nothing else is written or shown
+
+TARGETS = dict(tokens_per_target_pass=2.5, acceptance_rate_alpha=0.6, cost_ratio_c=0.15)  # the maintainers' goals
 
 
 def check_targets(pair: dict) -> dict:
-    """The pair's goals (at gamma 4, greedy, held-out code) next to what was measured, and whether all are met."""
+    """The maintainers' goals for the pair (at gamma 4, greedy, held-out code) next to what was measured, and
+    whether all are met. Printed by ``python -m minigpt.card``; not part of the card."""
     met = (pair["tokens_per_target_pass"] >= TARGETS["tokens_per_target_pass"]
            and pair["acceptance_rate_alpha"] >= TARGETS["acceptance_rate_alpha"]
            and pair["cost_ratio_c"] <= TARGETS["cost_ratio_c"])
@@ -72,7 +76,46 @@ def measure_agreement(target, draft, windows: int = 16, block_size: int = 256) -
     return float((target(x).argmax(-1) == draft(x).argmax(-1)).float().mean())
 
 
-def build_card(n_prompts: int, history: str | None = None) -> dict:
+def _short_paths(x):
+    """``x`` with every absolute file path (a string starting with "/") shortened to its last part."""
+    if isinstance(x, dict):
+        return {k: _short_paths(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_short_paths(v) for v in x]
+    return x.rsplit("/", 1)[-1] if isinstance(x, str) and x.startswith("/") else x
+
+
+def public_card(card: dict) -> dict:
+    """Only the card's public fields (:data:`PUBLIC_FIELDS`), with absolute paths of the machine that
+    trained or measured the models shortened to file names."""
+    return _short_paths({k: card[k] for k in PUBLIC_FIELDS if k in card})
+
+
+def describe_card(card: dict) -> str:
+    """The card in a few readable lines: each model's size and training, the data, and the pair's measurements."""
+    lines = [f"data: {card['data']}"]
+    for name, m in card["models"].items():
+        c, t = m["config"], m.get("training", {})
+        lines.append(f"{name}: {m['params']:,} parameters (n_layer={c['n_layer']}, n_head={c['n_head']}, "
+                     f"n_embd={c['n_embd']}); trained {t.get('steps', '?')} steps on "
+                     f"{t.get('tokens_seen', 0) / 1e6:.1f}M tokens, validation loss {t.get('val_loss', '?')} nats/token"
+                     + (f", distilled from {t['distilled_from']}"
+                        if t.get("distilled_from") and not t["distilled_from"].startswith(name) else ""))
+    p = card["pair"]
+    lines.append(f"pair, greedy, gamma {p['gamma']}, {p['prompts']} held-out code prompts x "
+                 f"{p['new_tokens_per_prompt']} tokens: alpha = {p['acceptance_rate_alpha']:.3f} (accepted / tested "
+                 f"drafted tokens), tau = {p['tokens_per_target_pass']:.2f} tokens per target pass, output identical "
+                 f"to plain greedy: {p['identical_to_plain_greedy']}")
+    lines.append(f"draft's top token = target's on {p['argmax_agreement_on_held_out_text']:.1%} of held-out positions")
+    lines.append(f"cost: target step {p['target_step_ms']} ms, draft step {p['draft_step_ms']} ms, so c = "
+                 f"{p['cost_ratio_c']} target steps per drafted token ({p['measured_on']})")
+    if card.get("recipe"):
+        lines.append(f"recipe: {card['recipe']}")
+    return "\n".join(lines)
+
+
+def build_card(n_prompts: int, recipe: str | None = None) -> dict:
+    """Measure the shipped pair on the CPU and return its card (public fields only)."""
     target, draft = load_pretrained("target", "cpu"), load_pretrained("draft", "cpu")
     models = {}
     for name, model in (("target", target), ("draft", draft)):
@@ -86,23 +129,24 @@ def build_card(n_prompts: int, history: str | None = None) -> dict:
         data=("Python standard library source of CPython " + platform.python_version() +
               " (tests excluded), train/validation split by file (5% held out); tokenizer: 4096-token byte-level "
               "BPE trained on the train split (minigpt/assets/stdlib_bpe.tiktoken)"),
-        models=models, pair=pair, targets_from_issue=check_targets(pair))
-    if history:
-        card["history"] = history
-    return card
+        models=models, pair=pair)
+    if recipe:
+        card["recipe"] = recipe
+    return public_card(card)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=16, help="held-out code prompts for the acceptance rate")
     ap.add_argument("--write", action="store_true", help="write minigpt/checkpoints/card.json")
-    ap.add_argument("--history", help="how the pair was trained, in words (default: keep the current card's)")
+    ap.add_argument("--recipe", help="how to train the pair again, in words (default: keep the current card's)")
     args = ap.parse_args(argv)
     path = PACKAGE_CHECKPOINTS / "card.json"
-    history = args.history or (json.loads(path.read_text()).get("history") if path.exists() else None)
-    card = build_card(args.prompts, history)
+    recipe = args.recipe or (json.loads(path.read_text()).get("recipe") if path.exists() else None)
+    card = build_card(args.prompts, recipe)
     text = json.dumps(card, indent=2)
     print(text)
+    print("goals (not written to the card):", json.dumps(check_targets(card["pair"])))
     if args.write:
         path.write_text(text + "\n")
 

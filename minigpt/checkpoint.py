@@ -79,8 +79,10 @@ def load_pretrained(name: str = "target", device: str | torch.device | None = No
 
 
 def model_card() -> dict:
-    """The card of the shipped pair: data, training, validation loss, and measured acceptance and cost."""
+    """The card of the shipped pair: data, training, validation loss, and measured acceptance and cost
+    (only the public fields of :data:`minigpt.card.PUBLIC_FIELDS`; ``minigpt.card.describe_card`` prints it)."""
+    from .card import public_card  # card imports this module
     path = PACKAGE_CHECKPOINTS / "card.json"
     if not path.exists():
         raise FileNotFoundError(f"model card {path} is missing")
-    return json.loads(path.read_text())
+    return public_card(json.loads(path.read_text()))
