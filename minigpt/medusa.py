@@ -181,9 +181,11 @@ def load_medusa(target: GPT, budget: int = 16, path: Path | str = MEDUSA_CHECKPO
 
 
 def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-3, batch_size: int = 16,
-                block_size: int = 256, decay: float = 0.8, eval_every: int = 50, data=None) -> dict:
+                block_size: int = 256, decay: float = 0.8, eval_every: int = 50, data=None,
+                progress: bool = True) -> dict:
     """Train ``heads`` with the target frozen, for ``minutes`` of wall time, on ``data`` (token ids; default:
-    the training split of the corpus in the course tokenizer)."""
+    the training split of the corpus in the course tokenizer). ``progress=False``: no progress bar (lessons,
+    whose saved outputs must not keep one)."""
     from tqdm.auto import tqdm
     from .data import get_batch, load_tokens
     train = load_tokens("train") if data is None else data
@@ -193,7 +195,7 @@ def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(7)
     t0, step, tokens, history = time.time(), 0, 0, []
-    bar = tqdm(desc="medusa heads", unit="step")
+    bar = tqdm(desc="medusa heads", unit="step", disable=not progress)
     while time.time() - t0 < minutes * 60:
         x, _ = get_batch(train, batch_size, block_size, g)
         x = x.to(target.device)

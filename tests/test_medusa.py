@@ -10,7 +10,7 @@ from minigpt import GPT, GPTConfig, generate
 from minigpt.checkpoint import CheckpointError
 from minigpt.decoding.medusa import medusa_generate, typical_acceptance
 from minigpt.medusa import (MedusaHeads, expected_accept_length, load_heads, medusa_loss, save_heads,
-                            sparse_tree_paths)
+                            sparse_tree_paths, train_heads)
 from minigpt.sampling import SamplingConfig
 
 TREE_ACC = torch.tensor([[0.6, 0.2, 0.1], [0.4, 0.15, 0.05], [0.3, 0.1, 0.05]])  # a plausible rank_acc
@@ -264,3 +264,15 @@ def test_heads_can_share_the_targets_output_layer(tmp_path):
     save_heads(heads, tmp_path / "heads.pt")
     again = load_heads(target, tmp_path / "heads.pt")
     torch.testing.assert_close(again(h), logits)
+
+
+def test_train_heads_without_progress_bar_prints_nothing(capsys):
+    """Lessons train with progress=False so no tqdm bar is left in their saved outputs."""
+    model = random_model(0)
+    heads = MedusaHeads.for_target(model, n_heads=2)
+    data = torch.randint(0, model.config.vocab_size, (400,), generator=torch.Generator().manual_seed(3))
+    info = train_heads(model, heads, minutes=0.02, batch_size=2, block_size=16, data=data, progress=False)
+    out = capsys.readouterr()
+    assert info["steps"] > 0 and "medusa heads" not in out.err + out.out
+    train_heads(model, heads, minutes=0.005, batch_size=2, block_size=16, data=data)   # the default shows one
+    assert "medusa heads" in capsys.readouterr().err
