@@ -7,6 +7,7 @@ returns the axes it drew on. Matplotlib is imported lazily: importing :mod:`mini
 * :func:`plot_distribution`                 -- bars of the most likely next tokens;
 * :func:`plot_lines`                        -- a measurement against a knob, one line per series;
 * :func:`heatmap`                           -- a matrix (attention weights, masks, acceptance tables);
+* :func:`draw_tree`                         -- a token tree: nodes by depth, an accepted branch, weights;
 * :func:`explore`                           -- ``ipywidgets.interact`` with sliders that redraw on release.
 """
 from __future__ import annotations
@@ -143,6 +144,77 @@ def heatmap(matrix, labels: Sequence[str] | None = None, ax=None, title: str | N
         ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     if title:
         ax.set_title(title, fontsize=10)
+    return ax
+
+
+def draw_tree(parents: Sequence[int], labels: Sequence[str] | None = None, accepted: Sequence[int] = (),
+              weights: Sequence[float] | None = None, ax=None, title: str | None = None,
+              depth_labels: Sequence[str] | None = None, weight_label: str = "weight"):
+    """Draw a token tree given by its parent array (``parents[0] == -1``, ``parents[i] < i``): one column per
+    depth with the root on the left, leaves one per row, each parent centred on its children.
+
+    ``labels``: the text of each node (default: its index), e.g. ``f"{i}: {token_label(t, tok)}"`` for a
+    draft tree or the rank of a Medusa rank path. ``accepted``: node indices drawn green, with their edges
+    (an accepted branch). ``weights``: one number per node shown as its colour, with a colour bar labelled
+    ``weight_label`` (e.g. the probability that a rank path is accepted). ``depth_labels``: names of the depth
+    columns (default 0, 1, ...). Trees from rank paths: ``minigpt.decoding.tree.tree_from_paths`` gives the
+    parent array, in the same node order as the sorted paths."""
+    import matplotlib.pyplot as plt
+    parents = [int(p) for p in parents]
+    if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+        raise ValueError("draw_tree needs a parent array with parents[0] == -1 and 0 <= parents[i] < i")
+    n = len(parents)
+    labels = [str(i) for i in range(n)] if labels is None else [str(s) for s in labels]
+    if len(labels) != n or (weights is not None and len(weights) != n):
+        raise ValueError(f"draw_tree: {n} nodes but {len(labels)} labels"
+                         + ("" if weights is None else f" and {len(weights)} weights"))
+    kids: list[list[int]] = [[] for _ in parents]
+    depth = [0] * n
+    for i in range(1, n):
+        kids[parents[i]].append(i)
+        depth[i] = depth[parents[i]] + 1
+    row: dict[int, float] = {}
+    next_row = 0
+    stack = [(0, False)]
+    while stack:  # depth-first: leaves get consecutive rows, a parent the mean row of its children
+        i, done = stack.pop()
+        if done or not kids[i]:
+            if kids[i]:
+                row[i] = sum(row[c] for c in kids[i]) / len(kids[i])
+            else:
+                row[i], next_row = next_row, next_row + 1
+            continue
+        stack.append((i, True))
+        stack.extend((c, False) for c in reversed(kids[i]))
+    acc = {int(i) for i in accepted}
+    d_max, n_rows = max(depth), max(row.values()) + 1
+    ax = ax or plt.subplots(figsize=(1.8 * (d_max + 1) + 1.5, 0.45 * n_rows + 1))[1]
+    for i in range(1, n):
+        on = i in acc
+        ax.plot([depth[parents[i]], depth[i]], [-row[parents[i]], -row[i]], color="C2" if on else "0.7",
+                lw=2.5 if on else 1, zorder=1)
+    cmap, vmax = plt.get_cmap("viridis"), 1.0
+    if weights is not None:
+        w = _as_numpy(weights)
+        vmax = float(max(w[1:].max() if n > 1 else w.max(), 1e-12))
+    for i in range(n):
+        if weights is not None:
+            face = cmap(min(float(w[i]) / vmax, 1.0))
+            ink = "white" if float(w[i]) / vmax < 0.6 else "black"
+        else:
+            face, ink = ("0.85" if i == 0 else ("#b7e4b0" if i in acc else "white")), "black"
+        ax.text(depth[i], -row[i], labels[i], ha="center", va="center", fontsize=8, color=ink, zorder=2,
+                bbox=dict(boxstyle="round", fc=face, ec="C2" if i in acc else "0.4", lw=2 if i in acc else 1))
+    if weights is not None:
+        sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, vmax))
+        ax.figure.colorbar(sm, ax=ax, fraction=0.046, pad=0.02, label=weight_label)
+    ax.set_xlim(-0.6, d_max + 0.6)
+    ax.set_ylim(-n_rows + 0.3, 0.7)
+    ax.set_xticks(range(d_max + 1))
+    ax.set_xticklabels(list(depth_labels)[:d_max + 1] if depth_labels is not None else range(d_max + 1))
+    ax.set_xlabel("depth")
+    ax.set_yticks([])
+    ax.set_title(title or f"{n} nodes", fontsize=10)
     return ax
 
 

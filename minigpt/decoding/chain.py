@@ -3,8 +3,9 @@
 Each round: the draft model proposes gamma tokens one at a time (cheap: it is small), the target scores all of
 them in **one** pass, :mod:`.verify` decides how many stand, and both KV caches are cropped back to the
 accepted sequence. Greedy output is identical to the target's own greedy output; sampled output has exactly
-the target's distribution, provided p and q are the distributions actually sampled from (same temperature,
-top-k and top-p for both models), which :class:`~minigpt.sampling.SamplingConfig` guarantees here.
+the target's distribution, provided q is the distribution the draft really sampled from and p the target's
+distribution after its own temperature, top-k and top-p. The draft may sample with other settings
+(``draft_sampling``): that changes how often its tokens are accepted, never the output's distribution.
 
 Cache invariant between rounds: each cache holds the sequence minus its last token (the "pending" token,
 fed at the start of the next pass).
@@ -69,8 +70,12 @@ def speculative_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, g
                          temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                          seed: int | None = None, eos_id: int | None = None, adaptive: bool = False,
                          gamma_max: int = 16, confidence_stop: float | None = None,
-                         stats: DecodeStats | None = None) -> tuple[list[int], DecodeStats]:
+                         stats: DecodeStats | None = None,
+                         draft_sampling: SamplingConfig | None = None) -> tuple[list[int], DecodeStats]:
     """Generate with draft-then-verify rounds; returns (new token ids, statistics).
+
+    temperature, top_k, top_p: how the *target* samples (temperature 0: greedy). draft_sampling: how the draft
+    samples its proposals (default: the same settings); the acceptance rule always uses the q it sampled from.
 
     adaptive: grow gamma by 2 after a round where every drafted token was accepted, shrink it by 1 after a
     rejection (between 1 and ``gamma_max``), the heuristic Hugging Face's assisted generation uses.
@@ -81,6 +86,9 @@ def speculative_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, g
         raise ValueError(f"target and draft vocabularies differ ({target.config.vocab_size} vs "
                          f"{draft.config.vocab_size}): they must share a tokenizer")
     cfg = SamplingConfig(temperature, top_k, top_p)
+    if draft_sampling is not None and not isinstance(draft_sampling, SamplingConfig):
+        raise TypeError(f"draft_sampling must be a SamplingConfig, got {type(draft_sampling).__name__}")
+    dcfg = cfg if draft_sampling is None else draft_sampling
     idx = as_prompt(prompt, target)
     n_prompt = idx.shape[1]
     check_length(target, n_prompt, max_new_tokens)
@@ -99,7 +107,7 @@ def speculative_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, g
     while len(out) < max_new_tokens:
         # never draft past the requested length: the round's extra target token fills the last slot
         g = min(gamma, max_new_tokens - len(out) - 1)
-        drafted, q = draft_tokens(draft, dcache, draft_pending, g, cfg, gen, confidence_stop) if g else ([], None)
+        drafted, q = draft_tokens(draft, dcache, draft_pending, g, dcfg, gen, confidence_stop) if g else ([], None)
         stats.draft_passes += len(drafted)
         new = verify_chain(target, tcache, last, drafted, cfg, gen, q)
         n_acc = len(new) - 1
