@@ -104,6 +104,13 @@ def _prompt_lookup(models: Models, prompt, max_new_tokens: int, max_ngram: int, 
                            eos_id=models.eos_id)
 
 
+@register("prompt_lookup_adaptive", "prompt lookup whose proposal length follows acceptance: +2 after a full "
+          "accept, -1 after a miss, from num_pred within [1, max_pred]", max_ngram=3, num_pred=8, max_pred=32)
+def _prompt_lookup_adaptive(models: Models, prompt, max_new_tokens: int, max_ngram: int, num_pred: int, max_pred: int):
+    return lookup_generate(models.target, prompt, max_new_tokens, max_ngram=max_ngram, num_pred=num_pred,
+                           adaptive=True, max_pred=max_pred, eos_id=models.eos_id)
+
+
 @register("self_spec", "the target's own first layers draft gamma tokens (early exit), the full target verifies",
           gamma=4)
 def _self_spec(models: Models, prompt, max_new_tokens: int, gamma: int):

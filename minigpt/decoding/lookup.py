@@ -8,6 +8,14 @@ earlier occurrence. The target verifies them like any draft.
 
 Proposals are deterministic, so under sampling their proposal distribution q is one-hot: a candidate x is
 accepted with probability p(x), and a rejection resamples from p with x removed. That keeps sampling exact.
+
+Adaptive lookup (``adaptive=True``): how many tokens to propose follows recent acceptance, with the rule Hugging
+Face's assisted generation applies to its drafts. The proposal length k starts at ``num_pred``; after a round in
+which every proposed token was accepted, k grows by 2; after a round with a rejection, it shrinks by 1; k stays
+between 1 and ``max_pred``, and a round with no match (nothing proposed) leaves it alone. A long copy is thus
+proposed in ever longer runs, while text that does not repeat costs one or two tokens of verification per
+round. k depends only on what happened in earlier rounds, so each proposal is still a fixed function of the
+sequence so far: exactness is untouched (greedy: identical output; sampled: the target's distribution).
 """
 from __future__ import annotations
 
@@ -78,9 +86,23 @@ def find_candidate_tree(seq, max_ngram: int = 3, num_pred: int = 8, min_ngram: i
 def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3, num_pred: int = 8,
                     min_ngram: int = 1, tree: bool = False, max_matches: int = 4, temperature: float = 0.0,
                     top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                    eos_id: int | None = None, stats: DecodeStats | None = None) -> tuple[list[int], DecodeStats]:
+                    eos_id: int | None = None, adaptive: bool = False, max_pred: int = 32,
+                    stats: DecodeStats | None = None) -> tuple[list[int], DecodeStats]:
     """Speculative decoding with prompt-lookup drafts (a chain, or with ``tree=True`` a tree of several
-    matches); returns (new token ids, statistics). Without a match a round is a plain decoding step."""
+    matches); returns (new token ids, statistics). Without a match a round is a plain decoding step.
+
+    max_ngram, min_ngram: the longest and shortest suffix n-gram searched for; num_pred: how many tokens that
+    followed the match are proposed (with ``adaptive``: the starting proposal length).
+    adaptive: the proposal length k follows acceptance (chain only): +2 after a round where every proposed
+    token was accepted, -1 after a rejection, within [1, ``max_pred``]; see the module docstring.
+    ``stats.gammas`` records the number of tokens proposed in each round."""
+    if num_pred < 1 or max_ngram < min_ngram or min_ngram < 1:
+        raise ValueError(f"need num_pred >= 1 and max_ngram >= min_ngram >= 1, got num_pred={num_pred}, "
+                         f"max_ngram={max_ngram}, min_ngram={min_ngram}")
+    if adaptive and tree:
+        raise ValueError("adaptive proposal lengths are for the chain (tree=False)")
+    if adaptive and max_pred < num_pred:
+        raise ValueError(f"max_pred ({max_pred}) must be at least the starting length num_pred ({num_pred})")
     cfg = SamplingConfig(temperature, top_k, top_p)
     idx = as_prompt(prompt, target)
     n_prompt = idx.shape[1]
@@ -93,6 +115,7 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
     stats.prefills += 1
     seq = idx[0].tolist()
     V = target.config.vocab_size
+    k = num_pred  # the proposal length (changes between rounds only when adaptive)
     while len(seq) - n_prompt < max_new_tokens:
         room = max_new_tokens - (len(seq) - n_prompt) - 1  # drafted tokens that can still be used
         if tree:
@@ -102,12 +125,14 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
             new, path, _ = verify_tree(target, cache, tokens, parents, cfg, gen, q)
             stats.add_tree_round(parents, path)
         else:
-            drafted = find_candidates(seq, max_ngram, num_pred, min_ngram)[:room]
+            drafted = find_candidates(seq, max_ngram, k, min_ngram)[:room]
             q = torch.nn.functional.one_hot(torch.tensor(drafted, dtype=torch.long), V).float()
             new = verify_chain(target, cache, seq[-1], drafted, cfg, gen, q)
             n_acc = len(new) - 1
             cache.crop(len(seq) + n_acc)  # the sequence plus the accepted drafts; new[-1] is pending
             stats.add_round(len(drafted), n_acc, min(n_acc + 1, len(drafted)))
+            if adaptive and drafted:  # the next proposal length, from this round's outcome only
+                k = min(k + 2, max_pred) if n_acc == len(drafted) else max(1, k - 1)
         seq.extend(new)
         if eos_id is not None and eos_id in new:
             break
