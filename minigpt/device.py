@@ -1,14 +1,11 @@
 """Choosing where to run (CUDA, then Apple's MPS, then the CPU; ``MINIGPT_DEVICE`` overrides), and timing on it.
 
-:func:`time_call` times one call; :func:`time_rotating` times competing calls in rotating order;
-:func:`compare_times` turns paired timings into a :class:`Speedup` whose verdict follows the course's rule
-(at least 5 repeats and a ratio outside the run's noise band, else "no measurable difference")."""
+:func:`time_call` times one call; :func:`time_rotating` times competing calls in rotating order (feed its
+paired timings to :mod:`minigpt.verdict` for a verdict)."""
 from __future__ import annotations
 
 import os
-import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -80,53 +77,3 @@ def time_rotating(fns: dict, device, repeat: int = 5, warmup: int = 1) -> tuple[
             results.setdefault(label, out)
     return seconds, results
 
-
-MIN_REPEATS = 5  # the course's rule: no verdict from fewer repeats
-
-
-@dataclass(frozen=True)
-class Speedup:
-    """A paired timing comparison: ``ratios[i]`` = baseline seconds / candidate seconds in repeat i.
-
-    ``noise`` is the run's noise band, half the relative spread of the baseline's own repeats
-    ((max - min) / (2 * median)): two runs of the *same* code differ by about that much here."""
-    ratios: tuple[float, ...]
-    noise: float
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.ratios)
-
-    @property
-    def low(self) -> float:
-        return min(self.ratios)
-
-    @property
-    def high(self) -> float:
-        return max(self.ratios)
-
-    @property
-    def verdict(self) -> str:
-        """"faster" / "slower" only with >= MIN_REPEATS repeats and every ratio outside 1 ± noise, else
-        "no measurable difference" (or "too few repeats")."""
-        if len(self.ratios) < MIN_REPEATS:
-            return f"too few repeats ({len(self.ratios)}) for a verdict"
-        if self.low > 1 + self.noise:
-            return "faster"
-        if self.high < 1 - self.noise:
-            return "slower"
-        return "no measurable difference"
-
-    def __str__(self) -> str:
-        return (f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f} over {len(self.ratios)} repeats, "
-                f"noise band ±{self.noise:.0%}): {self.verdict}")
-
-
-def compare_times(baseline: list[float], candidate: list[float]) -> Speedup:
-    """Speed-up of ``candidate`` over ``baseline`` from paired repeats (e.g. both lists from :func:`time_rotating`)."""
-    if len(baseline) != len(candidate) or not baseline:
-        raise ValueError(f"need the same number (>= 1) of baseline and candidate timings, got {len(baseline)} "
-                         f"and {len(candidate)}")
-    med = statistics.median(baseline)
-    noise = (max(baseline) - min(baseline)) / (2 * med)
-    return Speedup(tuple(b / c for b, c in zip(baseline, candidate)), noise)

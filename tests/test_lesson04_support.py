@@ -1,4 +1,4 @@
-"""The library pieces Lessons 04, 04b and 05 stand on: fair timing and verdicts (minigpt.device), the exactness
+"""The library pieces Lessons 04, 04b and 05 stand on: fair timing (minigpt.device.time_rotating), the exactness
 tests (minigpt.exactness), the draft's own sampling settings in speculative_generate, and plots.draw_tree."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from minigpt import generate, speculative_generate
 from minigpt.decoding.verify import accept_tree_sampled
-from minigpt.device import MIN_REPEATS, compare_times, time_rotating
+from minigpt.device import time_rotating
 from minigpt.exactness import (accept_tree_per_path, emitted_distribution, exact_first_two, first_token_frequencies,
                                samples_needed, toy_chain_first_two, toy_markov_pair, toy_tree_first_two,
                                tv_bound, tv_distance)
@@ -42,20 +42,6 @@ def test_time_rotating_rotates_the_order_and_keeps_the_first_result():
         time_rotating({}, "cpu")
     with pytest.raises(ValueError, match="repeat"):
         time_rotating({"a": make("a")}, "cpu", repeat=0)
-
-
-def test_compare_times_verdicts_follow_the_noise_band_rule():
-    base = [1.00, 1.02, 0.98, 1.01, 0.99]                       # noise band ±2 %
-    assert compare_times(base, [b / 1.5 for b in base]).verdict == "faster"
-    assert compare_times(base, [b * 1.5 for b in base]).verdict == "slower"
-    inside = compare_times(base, [b / 1.01 for b in base])      # 1 % faster in every repeat: inside the noise
-    assert inside.low > 1 and inside.verdict == "no measurable difference"
-    few = compare_times(base[:MIN_REPEATS - 1], [b / 2 for b in base[:MIN_REPEATS - 1]])
-    assert few.verdict.startswith("too few repeats")
-    s = compare_times(base, [b / 2 for b in base])
-    assert abs(s.median - 2) < 1e-9 and "faster" in str(s) and "5 repeats" in str(s)
-    with pytest.raises(ValueError, match="same number"):
-        compare_times(base, base[:2])
 
 
 # ---- exactness ----------------------------------------------------------------------------------------------
