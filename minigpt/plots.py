@@ -218,14 +218,34 @@ def draw_tree(parents: Sequence[int], labels: Sequence[str] | None = None, accep
     return ax
 
 
-def explore(fn: Callable, **controls) -> None:
+def _redraw_on_change(fn: Callable, made: dict) -> None:
+    """Show the controls ``made`` with an output area below them that runs ``fn`` only when a control changes."""
+    import ipywidgets as w
+    from IPython.display import display
+    knobs = {k: v for k, v in made.items() if isinstance(v, w.Widget)}
+    fixed = {k: v.value for k, v in made.items() if not isinstance(v, w.Widget)}
+    out = w.Output()
+
+    def redraw(_change=None) -> None:
+        with out:
+            out.clear_output(wait=True)
+            fn(**fixed, **{k: v.value for k, v in knobs.items()})
+
+    for v in knobs.values():
+        v.observe(redraw, names="value")
+    display(w.VBox([*knobs.values(), out]))
+
+
+def explore(fn: Callable, draw_now: bool = True, **controls) -> None:
     """``ipywidgets.interact(fn, **controls)`` whose sliders redraw only when released.
 
     A control may be a tuple ``(min, max, step)`` (an ``IntSlider`` if all three are ints, else a
     ``FloatSlider``; it starts at ``fn``'s default for that argument when that lies in range), a list of
     choices (a ``Dropdown``), an ipywidgets widget, or a fixed value. Works with ipywidgets 7 and 8.
     Lessons call ``fn`` once with fixed values as well, so the static notebook shows the same figure.
-    Returns None (``interact`` displays the widgets itself; its return value would print a function repr)."""
+    Returns None (``interact`` displays the widgets itself; its return value would print a function repr).
+    ``draw_now=False``: the lesson has just called ``fn`` with the defaults, so the explorer draws nothing until
+    a control is moved (one figure on the page at first, not two)."""
     import ipywidgets as w
     defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()
                 if p.default is not inspect.Parameter.empty}
@@ -248,6 +268,10 @@ def explore(fn: Callable, **controls) -> None:
             made[name] = c
         else:
             made[name] = w.fixed(c)
+    if not draw_now:
+        _redraw_on_change(fn, made)
+        return
+
     @functools.wraps(fn)
     def show(*args, **kwargs) -> None:  # interact would also display fn's return value
         fn(*args, **kwargs)

@@ -165,3 +165,18 @@ def test_draw_tree_labels_accepted_branch_and_weights():
         draw_tree([0, 0])
     with pytest.raises(ValueError, match="labels"):
         draw_tree([-1, 0], labels=["a"])
+
+
+def test_explore_without_a_first_draw_redraws_only_when_a_control_moves():
+    import ipywidgets as w
+    from minigpt.plots import explore
+    calls = []
+
+    def fn(a=2, b=0.5, c="x"):
+        calls.append((a, b, c))
+
+    slider = w.IntSlider(value=2, min=0, max=5)
+    explore(fn, draw_now=False, a=slider, b=(0.0, 1.0, 0.1), c="fixed")
+    assert calls == []                       # nothing drawn at first: the lesson drew it just above
+    slider.value = 4
+    assert calls == [(4, 0.5, "fixed")]
