@@ -6,7 +6,7 @@
 The exercises live in ``exercises/`` (generated from ``solutions/`` by ``python -m minigpt.grading.generate``);
 ``python -m minigpt.grade PATH`` runs whole notebooks headless and prints a score table.
 """
-from . import ex01, ex02, ex03, ex04, ex05, ex06  # noqa: F401  (importing registers the exercises' cases)
+from . import ex01, ex02, ex03, ex04, ex05, ex06, ex07, ex08  # noqa: F401  (importing registers the exercises' cases)
 from .core import EXERCISES, RESULTS, CaseResult, Mismatch, Result, check
 
 __all__ = ["check", "CaseResult", "EXERCISES", "Mismatch", "RESULTS", "Result"]
