@@ -20,7 +20,7 @@ from ..cache import KVCache
 from ..model import GPT
 from ..sampling import SamplingConfig, make_generator, sample
 from .plain import as_prompt, check_length, prefill
-from .stats import DecodeStats, trim
+from .stats import DecodeStats, Stream, trim
 from .verify import accept_greedy, accept_sampled
 
 
@@ -71,7 +71,8 @@ def speculative_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, g
                          seed: int | None = None, eos_id: int | None = None, adaptive: bool = False,
                          gamma_max: int = 16, confidence_stop: float | None = None,
                          stats: DecodeStats | None = None,
-                         draft_sampling: SamplingConfig | None = None) -> tuple[list[int], DecodeStats]:
+                         draft_sampling: SamplingConfig | None = None,
+                         on_tokens=None) -> tuple[list[int], DecodeStats]:
     """Generate with draft-then-verify rounds; returns (new token ids, statistics).
 
     temperature, top_k, top_p: how the *target* samples (temperature 0: greedy). draft_sampling: how the draft
@@ -79,7 +80,9 @@ def speculative_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, g
 
     adaptive: grow gamma by 2 after a round where every drafted token was accepted, shrink it by 1 after a
     rejection (between 1 and ``gamma_max``), the heuristic Hugging Face's assisted generation uses.
-    confidence_stop: stop a round's drafting when the draft's probability of its token drops below this."""
+    confidence_stop: stop a round's drafting when the draft's probability of its token drops below this.
+    on_tokens: called with each round's accepted tokens as they are decided (streaming; see
+    :class:`~.stats.Stream`); ``stats.from_draft`` records which output tokens were drafted and accepted."""
     if gamma < 1:
         raise ValueError(f"gamma must be at least 1, got {gamma}")
     if target.config.vocab_size != draft.config.vocab_size:
@@ -100,6 +103,7 @@ def speculative_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, g
     prefill(target, tcache, idx)
     prefill(draft, dcache, idx.to(draft.device))
     stats.prefills += 1
+    stream = Stream(stats, max_new_tokens, eos_id, on_tokens)
     out: list[int] = []
     prompt_ids = idx[0].tolist()
     last = prompt_ids[-1]
@@ -118,6 +122,7 @@ def speculative_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, g
         tcache.crop(seq_len)
         dcache.crop(min(dcache.length, seq_len))  # if all were accepted the draft never saw the last one
         out.extend(new)
+        stream.emit(new, n_acc)
         full = prompt_ids + out
         draft_pending = full[dcache.length:]
         last = new[-1]

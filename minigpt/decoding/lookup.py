@@ -29,7 +29,7 @@ from ..model import GPT
 from ..sampling import SamplingConfig, make_generator
 from .chain import verify_chain
 from .plain import as_prompt, check_length, prefill
-from .stats import DecodeStats, trim
+from .stats import DecodeStats, Stream, trim
 from .tree import verify_tree
 
 
@@ -87,7 +87,7 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
                     min_ngram: int = 1, tree: bool = False, max_matches: int = 4, temperature: float = 0.0,
                     top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                     eos_id: int | None = None, adaptive: bool = False, max_pred: int = 32,
-                    stats: DecodeStats | None = None) -> tuple[list[int], DecodeStats]:
+                    stats: DecodeStats | None = None, on_tokens=None) -> tuple[list[int], DecodeStats]:
     """Speculative decoding with prompt-lookup drafts (a chain, or with ``tree=True`` a tree of several
     matches); returns (new token ids, statistics). Without a match a round is a plain decoding step.
 
@@ -95,7 +95,8 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
     followed the match are proposed (with ``adaptive``: the starting proposal length).
     adaptive: the proposal length k follows acceptance (chain only): +2 after a round where every proposed
     token was accepted, -1 after a rejection, within [1, ``max_pred``]; see the module docstring.
-    ``stats.gammas`` records the number of tokens proposed in each round."""
+    ``stats.gammas`` records the number of tokens proposed in each round, ``stats.from_draft`` which output
+    tokens were proposed and accepted. on_tokens: called with each round's tokens (streaming)."""
     if num_pred < 1 or max_ngram < min_ngram or min_ngram < 1:
         raise ValueError(f"need num_pred >= 1 and max_ngram >= min_ngram >= 1, got num_pred={num_pred}, "
                          f"max_ngram={max_ngram}, min_ngram={min_ngram}")
@@ -113,6 +114,7 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
     cache = KVCache.for_model(target)
     prefill(target, cache, idx)
     stats.prefills += 1
+    stream = Stream(stats, max_new_tokens, eos_id, on_tokens)
     seq = idx[0].tolist()
     V = target.config.vocab_size
     k = num_pred  # the proposal length (changes between rounds only when adaptive)
@@ -124,6 +126,7 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
             q = torch.nn.functional.one_hot(torch.tensor(tokens), V).float()
             new, path, _ = verify_tree(target, cache, tokens, parents, cfg, gen, q)
             stats.add_tree_round(parents, path)
+            n_acc = len(path)
         else:
             drafted = find_candidates(seq, max_ngram, k, min_ngram)[:room]
             q = torch.nn.functional.one_hot(torch.tensor(drafted, dtype=torch.long), V).float()
@@ -134,6 +137,7 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
             if adaptive and drafted:  # the next proposal length, from this round's outcome only
                 k = min(k + 2, max_pred) if n_acc == len(drafted) else max(1, k - 1)
         seq.extend(new)
+        stream.emit(new, n_acc)
         if eos_id is not None and eos_id in new:
             break
     out = trim(seq[n_prompt:], max_new_tokens, eos_id)

@@ -23,7 +23,7 @@ from ..cache import KVCache
 from ..model import GPT
 from ..sampling import SamplingConfig, make_generator, sample
 from .plain import as_prompt, check_length, prefill
-from .stats import DecodeStats, trim
+from .stats import DecodeStats, Stream, trim
 from .tree import tree_from_paths, verify_tree
 from .verify import children_of
 
@@ -72,10 +72,11 @@ def typical_acceptance(cfg: SamplingConfig, generator, epsilon: float = 0.09, de
 def medusa_generate(target: GPT, heads, prompt, max_new_tokens: int, paths=None, acceptance: str = "exact",
                     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                     seed: int | None = None, eos_id: int | None = None, epsilon: float = 0.09, delta: float = 0.3,
-                    stats: DecodeStats | None = None) -> tuple[list[int], DecodeStats]:
+                    stats: DecodeStats | None = None, on_tokens=None) -> tuple[list[int], DecodeStats]:
     """Generate with Medusa heads; returns (new token ids, statistics). ``paths``: the candidate tree (default:
     a chain of the heads' top-1 predictions). Typical acceptance is a rule for sampling: with ``temperature=0``
-    the exact greedy rule is used either way, so greedy output is always the target's own."""
+    the exact greedy rule is used either way, so greedy output is always the target's own.
+    on_tokens: called with each round's tokens (streaming); ``stats.from_draft`` marks the heads' accepted ones."""
     if acceptance not in ("exact", "typical"):
         raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
     cfg = SamplingConfig(temperature, top_k, top_p)
@@ -95,6 +96,7 @@ def medusa_generate(target: GPT, heads, prompt, max_new_tokens: int, paths=None,
         _, h = target(idx[:, :-1], cache=cache, return_hidden=True)
         hidden = h[0, -1]
     stats.prefills += 1
+    stream = Stream(stats, max_new_tokens, eos_id, on_tokens)
     seq = idx[0].tolist()
     V = target.config.vocab_size
     while len(seq) - n_prompt < max_new_tokens:
@@ -108,6 +110,7 @@ def medusa_generate(target: GPT, heads, prompt, max_new_tokens: int, paths=None,
         new, path, hidden = verify_tree(target, cache, tokens, parents, cfg, gen, q, accept)
         stats.add_tree_round(parents, path)
         seq.extend(new)
+        stream.emit(new, len(path))
         if eos_id is not None and eos_id in new:
             break
     out = trim(seq[n_prompt:], max_new_tokens, eos_id)

@@ -8,7 +8,7 @@ import torch
 from ..cache import KVCache
 from ..model import GPT
 from ..sampling import SamplingConfig, make_generator, sample
-from .stats import DecodeStats
+from .stats import DecodeStats, Stream
 
 
 def as_prompt(prompt, model: GPT) -> torch.Tensor:
@@ -46,13 +46,14 @@ def prefill(model: GPT, cache: KVCache, idx: torch.Tensor) -> None:
 @torch.no_grad()
 def generate(model: GPT, prompt, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
-             stats: DecodeStats | None = None) -> list[int]:
+             stats: DecodeStats | None = None, on_tokens=None) -> list[int]:
     """Generate up to ``max_new_tokens`` after ``prompt`` (a list of ids); return the new ids.
 
     One target pass per new token (``stats.target_passes == len(output)``), after one prefill pass.
 
     ``temperature=0`` is greedy. With a ``seed`` the output is reproducible. Stops early after ``eos_id``.
-    Pass a :class:`DecodeStats` to have it filled in."""
+    Pass a :class:`DecodeStats` to have it filled in. ``on_tokens(tokens)`` is called with every new token
+    as it is made (streaming); it changes nothing else."""
     cfg = SamplingConfig(temperature, top_k, top_p)
     idx = as_prompt(prompt, model)
     check_length(model, idx.shape[1], max_new_tokens)
@@ -62,6 +63,7 @@ def generate(model: GPT, prompt, max_new_tokens: int, temperature: float = 0.0, 
     cache = KVCache.for_model(model)
     prefill(model, cache, idx)
     stats.prefills += 1
+    stream = Stream(stats, max_new_tokens, eos_id, on_tokens)
     tok = int(idx[0, -1])
     out: list[int] = []
     while len(out) < max_new_tokens:
@@ -69,6 +71,7 @@ def generate(model: GPT, prompt, max_new_tokens: int, temperature: float = 0.0, 
         stats.target_passes += 1
         tok = int(logits.argmax()) if cfg.greedy else sample(cfg.probs(logits), gen)
         out.append(tok)
+        stream.emit([tok], 0)
         if tok == eos_id:
             break
     stats.new_tokens += len(out)

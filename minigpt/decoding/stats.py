@@ -16,6 +16,9 @@ class DecodeStats:
     rounds: int = 0            # draft-then-verify rounds
     wall_time: float = 0.0     # seconds
     gammas: list[int] = field(default_factory=list)  # draft length used in each round
+    # one entry per output token: True if it was drafted and accepted, False if the target made it (a plain
+    # step, the bonus token after a full accept, or the replacement at a rejection); see Stream
+    from_draft: list[bool] = field(default_factory=list)
 
     def add_round(self, drafted: int, accepted: int, tested: int) -> None:
         """Book one draft-then-verify round: one target pass over ``drafted`` candidates."""
@@ -54,9 +57,35 @@ class DecodeStats:
     def as_dict(self) -> dict:
         d = asdict(self)
         d.pop("gammas")
+        d.pop("from_draft")
         d.update(acceptance_rate=self.acceptance_rate, tokens_per_target_pass=self.tokens_per_target_pass,
                  tokens_per_s=self.tokens_per_s)
         return d
+
+
+class Stream:
+    """One decoding call's output as the rounds produce it.
+
+    ``emit(new, n_drafted)`` takes a round's tokens, of which the first ``n_drafted`` were drafted and
+    accepted, cuts them exactly as the call's returned output will be cut (after ``eos_id``, at
+    ``max_new_tokens``), appends their origin to ``stats.from_draft``, and passes them to ``on_tokens`` (if
+    given) -- so the pieces handed to ``on_tokens`` join into the returned output, and streaming changes
+    nothing the decoder computes."""
+
+    def __init__(self, stats: DecodeStats, max_new_tokens: int, eos_id: int | None = None, on_tokens=None):
+        self.stats, self.left, self.eos_id, self.on_tokens = stats, max_new_tokens, eos_id, on_tokens
+        self.done = False
+
+    def emit(self, new: list[int], n_drafted: int) -> None:
+        if self.done:
+            return
+        kept = trim(list(new), self.left, self.eos_id)
+        self.left -= len(kept)
+        self.done = self.left <= 0 or (self.eos_id is not None and self.eos_id in kept)
+        k = min(n_drafted, len(kept))
+        self.stats.from_draft.extend([True] * k + [False] * (len(kept) - k))
+        if self.on_tokens is not None and kept:
+            self.on_tokens(kept)
 
 
 def trim(out: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:

@@ -18,7 +18,7 @@ from ..cache import KVCache
 from ..model import GPT
 from ..sampling import SamplingConfig, make_generator
 from .plain import as_prompt, check_length, prefill
-from .stats import DecodeStats, trim
+from .stats import DecodeStats, Stream, trim
 from .verify import accept_tree_greedy, accept_tree_sampled
 
 
@@ -151,8 +151,10 @@ def verify_tree(target: GPT, cache: KVCache, tokens, parents, cfg: SamplingConfi
 def tree_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, budget: int = 16, max_depth: int = 6,
                   branch: int = 2, threshold: float = 0.6, paths=None, temperature: float = 0.0,
                   top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                  eos_id: int | None = None, stats: DecodeStats | None = None) -> tuple[list[int], DecodeStats]:
-    """Speculative decoding with a draft-model token tree per round; returns (new token ids, statistics)."""
+                  eos_id: int | None = None, stats: DecodeStats | None = None,
+                  on_tokens=None) -> tuple[list[int], DecodeStats]:
+    """Speculative decoding with a draft-model token tree per round; returns (new token ids, statistics).
+    on_tokens: called with each round's tokens (streaming); ``stats.from_draft`` marks the drafted ones."""
     cfg = SamplingConfig(temperature, top_k, top_p)
     idx = as_prompt(prompt, target)
     n_prompt = idx.shape[1]
@@ -164,6 +166,7 @@ def tree_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, budget: 
     prefill(target, tcache, idx)
     prefill(draft, dcache, idx.to(draft.device))
     stats.prefills += 1
+    stream = Stream(stats, max_new_tokens, eos_id, on_tokens)
     seq = idx[0].tolist()
     while len(seq) - n_prompt < max_new_tokens:
         # the draft cache catches up on accepted tokens it has not seen (all but the root)
@@ -176,6 +179,7 @@ def tree_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, budget: 
         new, path, _ = verify_tree(target, tcache, tokens, parents, cfg, gen, q)
         stats.add_tree_round(parents, path)
         seq.extend(new)
+        stream.emit(new, len(path))
         if eos_id is not None and eos_id in new:
             break
     out = trim(seq[n_prompt:], max_new_tokens, eos_id)
