@@ -140,3 +140,12 @@ def test_exercise_stubs_score_zero_not_implemented():
     for name in WRONG:
         result = check(name, names[name], verbose=False)
         assert result.points == 0 and result.status == "not implemented yet", (name, result.status)
+
+
+def sorts_callers_paths(head_logits, paths, root):
+    # right tree, but paths.sort() reorders the caller's list
+    paths.sort(key=lambda p: (len(p), p))
+    return medusa_candidates(head_logits, root, paths)
+
+
+WRONG["build_candidate_tree"].append(sorts_callers_paths)

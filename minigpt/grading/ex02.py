@@ -9,7 +9,8 @@ import random
 
 from .. import roofline as R
 from ..cache import KVCache
-from .core import Exercise, expect_number
+from .core import Exercise, Mismatch, expect_number
+from .helpers import pick_hint
 
 NOTEBOOK = "ex02_memory_bound.ipynb"
 BW, FLOPS = R.H100_SXM_BANDWIDTH, R.H100_SXM_BF16_FLOPS
@@ -29,9 +30,74 @@ def _random_chip(rng: random.Random) -> tuple[float, float]:
     return rng.uniform(0.5, 8) * 1e12, rng.uniform(50, 2000) * 1e12
 
 
+# known mistakes per function: (wrong formula, the hint for it); a wrong answer that one reproduces gets its hint
+_BUGS = {
+    "decode_flops": [
+        (lambda N, T=1: N * T, "each weight does one multiply and one add per token: 2 FLOPs, not 1"),
+        (lambda N, T=1: 2 * N, "every token in the pass uses every weight: multiply by n_tokens"),
+        (lambda N, T=1: 2 * N * T / 1e9, "return FLOPs, not GFLOPs (no division by 1e9)")],
+    "weight_bytes": [
+        (lambda N, b: N * b * 8, "bytes, not bits: no factor 8"),
+        (lambda N, b: N * b / 1e9, "return bytes, not GB (no division by 1e9)"),
+        (lambda N, b: N * 2, "use bytes_per_param as given, not a fixed 2 bytes")],
+    "arithmetic_intensity": [
+        (lambda N, T, b: N * b / (2 * N * T), "upside down: FLOPs divided by bytes, not bytes by FLOPs"),
+        (lambda N, T, b: T / b, "2 FLOPs per weight and token: the FLOPs are 2 * N * T"),
+        (lambda N, T, b: 2 / b, "the weights are read once per pass, whatever n_tokens: the bytes are N * b, "
+                                "not N * b * n_tokens")],
+    "step_time_floor": [
+        (lambda N, b, B, F, T=1: N * b / B + 2 * N * T / F, "memory traffic and arithmetic overlap: the floor is "
+                                                            "the larger of the two times, not their sum"),
+        (lambda N, b, B, F, T=1: min(N * b / B, 2 * N * T / F), "the floor is the larger of the two times (max), "
+                                                                "not the smaller"),
+        (lambda N, b, B, F, T=1: N * b / B, "with many tokens the compute time 2 * N * T / flops_per_s is the "
+                                            "larger one: take the max of both"),
+        (lambda N, b, B, F, T=1: 2 * N * T / F, "a step must also read all the weights: bytes / bandwidth; take "
+                                                "the max of both times")],
+    "ridge_point": [
+        (lambda F, B: B / F, "upside down: FLOP/s divided by bytes/s"),
+        (lambda F, B: 2 * F / B, "no factor 2 here: the ridge is flops_per_s / bandwidth"),
+        (lambda F, B: F / (8 * B), "the bandwidth is already in bytes per second: no factor 8")],
+    "tokens_until_compute_bound": [
+        (lambda F, B, b: F / B / 2, "bytes_per_param is missing: the intensity is 2 T / bytes_per_param"),
+        (lambda F, B, b: F / B * b, "the intensity is 2 T / b: dividing by 2 is missing"),
+        (lambda F, B, b: F / B / b * 2, "solving 2 T / b = ridge for T multiplies by b and divides by 2")],
+    "kv_cache_bytes_per_token": [
+        (lambda L, E, b: L * E * b, "each layer stores a key AND a value vector: a factor 2"),
+        (lambda L, E, b: 2 * E * b, "every layer keeps its own cache: multiply by n_layer"),
+        (lambda L, E, b: 2 * L * E * b * 8, "bytes, not bits: no factor 8")],
+}
+
+
+def _bug_hint(name: str, got, args) -> str | None:
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or got != got:
+        return None
+    hints = []
+    for bug, hint in _BUGS.get(name, []):
+        try:
+            want = bug(*args)
+        except (TypeError, ZeroDivisionError):
+            continue
+        if want == want and abs(got - want) <= 1e-9 * max(abs(want), 1e-300):
+            hints.append(hint)
+    return pick_hint(hints)
+
+
+def _expect(name: str, fn, args: tuple, ref: float | None = None) -> float:
+    """fn(*args) must equal the library's function of that name (or ``ref``); a known mistake gets its hint."""
+    ref = getattr(R, name)(*args) if ref is None else ref
+    got = fn(*args)
+    try:
+        return expect_number(f"{name}{_fmt_args(args)}", got, ref)
+    except Mismatch as m:
+        m.hint = _bug_hint(name, float(got) if hasattr(got, "__float__") and not isinstance(got, bool) else got,
+                           args) or m.hint
+        raise
+
+
 def _compare_all(name, calls, fn, reference) -> str:
     for args in calls:
-        expect_number(f"{name}{_fmt_args(args)}", fn(*args), reference(*args))
+        _expect(name, fn, tuple(args), reference(*args))
     return f"{len(calls)} inputs agree"
 
 
@@ -44,7 +110,7 @@ flops = Exercise("decode_flops", NOTEBOOK, "FLOPs of one pass: 2 * n_params * n_
 
 @flops.case("70B parameters, one token", 1, "each weight does one multiply and one add per token: 2 FLOPs")
 def _flops_example(fn):
-    return f"{expect_number('decode_flops(70e9, 1)', fn(70e9, 1), 1.4e11):.3g} FLOPs"
+    return f"{_expect('decode_flops', fn, (70e9, 1), 1.4e11):.3g} FLOPs"
 
 
 @flops.case("random model sizes, one token", 1, "2 FLOPs per parameter per token")
@@ -62,7 +128,7 @@ def _flops_tokens(fn):
 
 @flops.case("n_tokens defaults to 1", 1, "keep the signature decode_flops(n_params, n_tokens=1)")
 def _flops_default(fn):
-    return f"{expect_number('decode_flops(7e9)', fn(7e9), 1.4e10):.3g} FLOPs"
+    return f"{_expect('decode_flops', fn, (7e9,), 1.4e10):.3g} FLOPs"
 
 
 wbytes = Exercise("weight_bytes", NOTEBOOK, "bytes of weights: n_params * bytes_per_param")
@@ -70,7 +136,7 @@ wbytes = Exercise("weight_bytes", NOTEBOOK, "bytes of weights: n_params * bytes_
 
 @wbytes.case("70B parameters in 16-bit (2 bytes each)", 1, "bytes, not bits: 2 bytes per 16-bit parameter")
 def _bytes_example(fn):
-    return f"{expect_number('weight_bytes(70e9, 2)', fn(70e9, 2), 140e9) / 1e9:.4g} GB"
+    return f"{_expect('weight_bytes', fn, (70e9, 2), 140e9) / 1e9:.4g} GB"
 
 
 @wbytes.case("random models in fp32, fp16, int8 and 4-bit", 1,
@@ -85,7 +151,7 @@ intensity = Exercise("arithmetic_intensity", NOTEBOOK, "FLOPs per byte of weight
 
 @intensity.case("one token, 16-bit weights", 1, "FLOPs divided by bytes (2N / 2N = 1 FLOP per byte)")
 def _intensity_example(fn):
-    return f"{expect_number('arithmetic_intensity(70e9, 1, 2)', fn(70e9, 1, 2), 1.0):.3g} FLOP/byte"
+    return f"{_expect('arithmetic_intensity', fn, (70e9, 1, 2), 1.0):.3g} FLOP/byte"
 
 
 @intensity.case("random models, tokens per pass and precisions", 1,
@@ -102,7 +168,7 @@ floor = Exercise("step_time_floor", NOTEBOOK, "max(bytes / bandwidth, FLOPs / pe
 @floor.case("70B in 16-bit on an H100, one token (about 42 ms)", 1,
             "one step has to read all 140 GB of weights: bytes / bandwidth")
 def _floor_example(fn):
-    t = expect_number("step_time_floor(70e9, 2, 3.35e12, 989e12)", fn(70e9, 2, BW, FLOPS), 140e9 / BW)
+    t = _expect("step_time_floor", fn, (70e9, 2, BW, FLOPS), 140e9 / BW)
     return f"{t * 1e3:.1f} ms per step, at most {1 / t:.1f} tokens/s"
 
 
@@ -131,7 +197,7 @@ def _floor_compute(fn):
 @floor.case("n_tokens defaults to 1", 1,
             "keep the signature step_time_floor(n_params, bytes_per_param, bandwidth, flops, n_tokens=1)")
 def _floor_default(fn):
-    t = expect_number("step_time_floor(7e9, 2, 1e12, 1e14)", fn(7e9, 2, 1e12, 1e14), 14e9 / 1e12)
+    t = _expect("step_time_floor", fn, (7e9, 2, 1e12, 1e14), 14e9 / 1e12)
     return f"{t * 1e3:.1f} ms"
 
 
@@ -140,7 +206,7 @@ ridge = Exercise("ridge_point", NOTEBOOK, "FLOP/byte where the roofline bends: f
 
 @ridge.case("H100: 989 TFLOP/s over 3.35 TB/s", 1, "FLOP/s divided by bytes/s gives FLOP per byte")
 def _ridge_example(fn):
-    return f"{expect_number('ridge_point(989e12, 3.35e12)', fn(FLOPS, BW), FLOPS / BW):.1f} FLOP/byte"
+    return f"{_expect('ridge_point', fn, (FLOPS, BW), FLOPS / BW):.1f} FLOP/byte"
 
 
 @ridge.case("random chips", 1, "ridge = peak FLOP/s / peak bytes/s")
@@ -155,7 +221,7 @@ tokens = Exercise("tokens_until_compute_bound", NOTEBOOK, "tokens per pass where
 
 @tokens.case("H100 in 16-bit", 1, "solve 2 * T / bytes_per_param = ridge for T")
 def _tokens_example(fn):
-    t = expect_number("tokens_until_compute_bound(989e12, 3.35e12, 2)", fn(FLOPS, BW, 2), FLOPS / BW)
+    t = _expect("tokens_until_compute_bound", fn, (FLOPS, BW, 2), FLOPS / BW)
     return f"{t:.0f} tokens per pass"
 
 
@@ -172,7 +238,7 @@ kv = Exercise("kv_cache_bytes_per_token", NOTEBOOK, "2 * n_layer * n_embd * byte
 
 @kv.case("6 layers, 256 wide, fp32", 1, "each layer stores a key AND a value vector of n_embd numbers per token")
 def _kv_example(fn):
-    return f"{expect_number('kv_cache_bytes_per_token(6, 256, 4)', fn(6, 256, 4), 2 * 6 * 256 * 4):.0f} bytes"
+    return f"{_expect('kv_cache_bytes_per_token', fn, (6, 256, 4), 2 * 6 * 256 * 4):.0f} bytes"
 
 
 @kv.case("agrees with minigpt's KVCache.bytes_per_token() on random shapes", 1,
@@ -182,8 +248,7 @@ def _kv_random(fn):
     for _ in range(4):
         n_layer, n_head, hs = rng.randint(1, 12), rng.choice([1, 2, 4, 8]), rng.choice([4, 8, 16, 32])
         cache = KVCache(n_layer, n_head, hs, max_len=1)
-        expect_number(f"kv_cache_bytes_per_token({n_layer}, {n_head * hs}, 4)", fn(n_layer, n_head * hs, 4),
-                      cache.bytes_per_token())
+        _expect("kv_cache_bytes_per_token", fn, (n_layer, n_head * hs, 4), cache.bytes_per_token())
     return "4 cache shapes agree"
 
 

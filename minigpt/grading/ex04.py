@@ -14,9 +14,10 @@ import torch
 
 from ..cache import KVCache
 from ..decoding.tree import tree_attention_mask, tree_depths, tree_position_ids
-from ..decoding.verify import accept_tree_greedy
+from ..decoding.verify import accept_tree_greedy, children_of
 from ..model import GPT, GPTConfig
 from .core import Exercise, Mismatch, expect_token_list
+from .helpers import call_unchanged, pick_hint
 
 NOTEBOOK = "ex04_tree_attention.ipynb"
 
@@ -58,6 +59,29 @@ def _call_mask(fn, parents, offset, strict_types: bool = False):
     return mask.detach().cpu().bool(), pos.detach().cpu().long()
 
 
+def _mask_hint(mask: torch.Tensor, parents) -> str | None:
+    """The hint of the known mask mistakes that give ``mask``."""
+    ref, n = tree_attention_mask(parents), len(parents)
+    known = [(torch.ones(n, n, dtype=torch.bool).tril(), "every earlier node was allowed, as in a chain's causal "
+              "mask: siblings and cousins are alternative futures, so a node attends to its ancestors only"),
+             (ref & ~torch.eye(n, dtype=torch.bool), "the diagonal is missing: every node attends to itself"),
+             (ref.T, "the mask is transposed: row i lists what node i attends to, i.e. i and its ancestors (not "
+                     "its descendants)")]
+    return pick_hint([h for m, h in known if torch.equal(mask, m) and not torch.equal(m, ref)])
+
+
+def _position_hint(pos: torch.Tensor, parents, offset) -> str | None:
+    """The hint of the known position mistakes that give ``pos``."""
+    depth = torch.tensor(tree_depths(parents))
+    ref = tree_position_ids(parents, offset)
+    known = [(offset + depth + 1, "one too far: the root itself sits at position offset, right after the "
+                                  "cached prefix (depth 0)"),
+             (offset + torch.arange(len(parents)), "positions by index: siblings are candidates for the same "
+                                                   "slot, so a node's position is offset + its depth"),
+             (depth, "offset is missing: the tree comes after the cached prefix, so add offset to the depth")]
+    return pick_hint([h for p, h in known if torch.equal(pos, p) and not torch.equal(p, ref)])
+
+
 def _compare(fn, parents, offset) -> None:
     mask, pos = _call_mask(fn, parents, offset)
     ref_mask, ref_pos = tree_attention_mask(parents), tree_position_ids(parents, offset)
@@ -65,9 +89,11 @@ def _compare(fn, parents, offset) -> None:
         bad = int((mask != ref_mask).any(1).nonzero()[0])
         want = torch.nonzero(ref_mask[bad]).flatten().tolist()
         got = torch.nonzero(mask[bad]).flatten().tolist()
-        raise Mismatch(f"row {bad} of the mask to allow nodes {want} (parents {parents})", f"nodes {got}")
+        raise Mismatch(f"row {bad} of the mask to allow nodes {want} (parents {parents})", f"nodes {got}",
+                       _mask_hint(mask, parents))
     if not torch.equal(pos, ref_pos):
-        raise Mismatch(f"position_ids {ref_pos.tolist()} (parents {parents}, offset {offset})", f"{pos.tolist()}")
+        raise Mismatch(f"position_ids {ref_pos.tolist()} (parents {parents}, offset {offset})", f"{pos.tolist()}",
+                       _position_hint(pos, parents, offset))
 
 
 @masks.case("returns a bool (N, N) mask and integer (N,) positions", 1,
@@ -112,7 +138,7 @@ def _mask_positions(fn):
         want = tree_position_ids(parents, offset)
         if not torch.equal(pos, want):
             raise Mismatch(f"position_ids {want.tolist()} (parents {parents}, offset {offset}; depths "
-                           f"{tree_depths(parents)})", f"{pos.tolist()}")
+                           f"{tree_depths(parents)})", f"{pos.tolist()}", _position_hint(pos, parents, offset))
     return "positions right for offsets 0, 1, 23"
 
 
@@ -124,6 +150,13 @@ def _mask_random(fn):
         n = int(torch.randint(2, 15, (1,), generator=g))
         _compare(fn, random_parents(g, n), int(torch.randint(0, 40, (1,), generator=g)))
     return "30 random trees right"
+
+
+@masks.case("leaves the caller's parents list unchanged", 1, "read parents; build the mask and positions as "
+            "new tensors")
+def _mask_unchanged(fn):
+    call_unchanged(fn, ([-1, 0, 0, 1, 2, 1], 3), ("parents", "offset"))
+    return "parents unchanged"
 
 
 _MODEL: dict = {}
@@ -166,8 +199,10 @@ def _mask_functional(fn):
                 diff = float((tree_logits[i] - alone).abs().max())
                 worst = max(worst, diff)
                 if diff > 1e-4:
+                    hint = pick_hint([h for h in (_mask_hint(mask, parents),
+                                                  _position_hint(pos, parents, len(cache_prefix))) if h])
                     raise Mismatch(f"node {i}'s logits = those of its path alone (parents {parents}, offset "
-                                   f"{len(cache_prefix)})", f"max |diff| {diff:.3g}")
+                                   f"{len(cache_prefix)})", f"max |diff| {diff:.3g}", hint)
     return f"4 trees of 6-12 nodes: every node matches its path alone (max |diff| {worst:.1e})"
 
 
@@ -203,6 +238,39 @@ def random_tree(g: torch.Generator, n: int, vocab: int = 40, agree: float = 0.75
     return tokens, parents, argmax
 
 
+def _path_hint(got, tokens, parents, argmax) -> str | None:
+    """The hint of the known greedy-walk mistakes that give ``got`` on this tree."""
+    kids = children_of(parents)
+    want_path, want_next = accept_tree_greedy(tokens, parents, argmax)
+    first_only, node = [], 0
+    while kids[node] and tokens[kids[node][0]] == argmax[node]:
+        node = kids[node][0]
+        first_only.append(node)
+    depth = tree_depths(parents)
+    leaf = max(range(len(parents)), key=lambda i: depth[i])
+    branch, node = [], leaf
+    while node > 0:
+        branch.insert(0, node)
+        node = parents[node]
+    chain, node = [], 0
+    for c in branch:
+        if tokens[c] != argmax[node]:
+            break
+        chain.append(c)
+        node = c
+    at_parent = parents[want_path[-1]] if want_path else 0
+    known = [((first_only, argmax[first_only[-1] if first_only else 0]),
+              "only the first child of each node was compared: any child whose token is the target's choice "
+              "is accepted"),
+             (([0] + want_path, want_next), "the root (node 0) is already in the sequence: the path starts with "
+                                            "its accepted child"),
+             ((chain, argmax[chain[-1] if chain else 0]), "only the deepest branch was verified, as a chain: "
+                                                          "follow the target's choices from the root instead"),
+             ((want_path, argmax[at_parent]), "the last token is the target's argmax at the last accepted node "
+                                              "(not at its parent)")]
+    return pick_hint([h for v, h in known if v == got and v != (want_path, want_next)])
+
+
 def _path_case(fn, tokens, parents, argmax) -> str:
     want_path, want_next = accept_tree_greedy(tokens, parents, argmax)
     ret = fn(list(tokens), list(parents), list(argmax))
@@ -218,7 +286,8 @@ def _path_case(fn, tokens, parents, argmax) -> str:
                        "accepted node (the bonus token when the walk reaches a leaf)")
     if path != want_path or int(nxt) != want_next:
         raise Mismatch(f"({want_path}, {want_next}) for tokens {list(tokens)}, parents {list(parents)}, "
-                       f"target_argmax {list(argmax)}", f"({path}, {int(nxt)})")
+                       f"target_argmax {list(argmax)}", f"({path}, {int(nxt)})",
+                       _path_hint((path, int(nxt)), tokens, parents, argmax))
     return f"path {path}, next {want_next}"
 
 
@@ -265,3 +334,9 @@ def _path_random(fn):
     for r in range(200):
         _path_case(fn, *random_tree(g, 1 + r % 16))
     return "200 random trees right"
+
+
+@paths.case("leaves the caller's lists unchanged", 1, "read tokens, parents and target_argmax; build a new path list")
+def _path_unchanged(fn):
+    call_unchanged(fn, ([0, 4, 6, 8, 9], [-1, 0, 0, 2, 1], [6, 9, 8, 2, 3]), ("tokens", "parents", "target_argmax"))
+    return "tokens, parents and target_argmax unchanged"

@@ -10,6 +10,7 @@ import torch
 from ..decoding.medusa import medusa_candidates
 from ..medusa import MedusaHead, sparse_tree_paths
 from .core import Exercise, Mismatch, expect_close, expect_token_list
+from .helpers import call_unchanged, pick_hint
 
 NOTEBOOK = "ex06_medusa.ipynb"
 
@@ -38,13 +39,33 @@ def _library_head(h, W, b, W_out) -> torch.Tensor:
         return m(h)
 
 
+def _head_hint(got, h, W, b, W_out) -> str | None:
+    """The hint of the known head mistakes that give ``got``."""
+    silu = torch.nn.functional.silu
+    known = [(silu(h @ W.T + b) @ W_out.T, "the residual is missing: add h to SiLU(W h + b) before the output "
+                                            "projection"),
+             ((h + torch.relu(h @ W.T + b)) @ W_out.T, "the activation is SiLU(x) = x * sigmoid(x), not ReLU"),
+             (silu(h @ W.T + b + h) @ W_out.T, "h is added inside the activation: it is h + SiLU(W h + b)"),
+             (silu((h + h @ W.T + b) @ W_out.T), "SiLU goes on the inner layer W h + b only, not on the logits"),
+             ((h + silu(h @ W + b)) @ W_out.T, "W is in nn.Linear's layout (out, in): W h is h @ W.T"),
+             ((h + silu(h @ W.T)) @ W_out.T, "the bias b is missing from the inner layer W h + b")]
+    if not isinstance(got, torch.Tensor) or not got.is_floating_point():
+        return None
+    return pick_hint([hint for want, hint in known if want.shape == got.shape
+                      and torch.allclose(got.float(), want, atol=1e-4, rtol=1e-4)])
+
+
 def _head_case(fn, h, W, b, W_out) -> float:
     ref = _library_head(h, W, b, W_out)
     args = [t.clone() for t in (h, W, b, W_out)]
     got = fn(*args)
     if isinstance(got, torch.Tensor):
         got = got.detach()
-    diff = expect_close("the logits", got, ref, atol=1e-4, rtol=1e-4)
+    try:
+        diff = expect_close("the logits", got, ref, atol=1e-4, rtol=1e-4)
+    except Mismatch as m:
+        m.hint = _head_hint(got, h, W, b, W_out) or m.hint
+        raise
     if any(not torch.equal(a, t) for a, t in zip(args, (h, W, b, W_out))):
         raise Mismatch("the inputs left unchanged", "a modified input tensor",
                        "compute new tensors; do not write into h or the weights in place")
@@ -141,8 +162,14 @@ def _tree_case(fn, head_logits: torch.Tensor, paths, root: int) -> str:
     for i in range(1, n):
         if tokens[i] != want_tokens[i]:
             p = order[i - 1]
+            ranked = torch.argsort(head_logits, dim=-1, descending=True)
+            hint = None
+            if len(p) < head_logits.shape[0] and tokens[i] == int(ranked[len(p), p[-1]]):
+                hint = "a depth-d node reads head d - 1 (head 0 guesses the first token after the root)"
+            elif tokens[i] == int(torch.argsort(head_logits[len(p) - 1])[p[-1]]):
+                hint = "rank 0 is the largest logit: sort in descending order (topk, or argsort(descending=True))"
             raise Mismatch(f"tokens {want_tokens}", f"{tokens}: node {i} (path {p}, depth {len(p)}) holds "
-                           f"{tokens[i]} instead of head {len(p) - 1}'s rank-{p[-1]} token {want_tokens[i]}")
+                           f"{tokens[i]} instead of head {len(p) - 1}'s rank-{p[-1]} token {want_tokens[i]}", hint)
     return f"{n} nodes, depth {max(len(p) for p in order)}"
 
 
@@ -204,3 +231,12 @@ def _tree_random(fn):
         order = torch.randperm(len(paths), generator=g).tolist()
         _tree_case(fn, _logits(g, K, 30), [paths[i] for i in order], root=int(torch.randint(30, (1,), generator=g)))
     return "40 random trees agree"
+
+
+@tree.case("leaves the caller's head_logits and paths unchanged", 1,
+           "sort a copy of the paths (sorted(paths, ...)), not the caller's list (paths.sort())")
+def _tree_unchanged(fn):
+    g = torch.Generator().manual_seed(617)
+    paths = [(1,), (0, 0), (0,), (1, 0), (0, 1)]  # not in (depth, ranks) order, as sparse_tree_paths may return
+    call_unchanged(fn, (_logits(g), paths, 4), ("head_logits", "paths", "root"))
+    return "head_logits and paths unchanged"

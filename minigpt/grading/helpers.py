@@ -63,8 +63,9 @@ def describe_change(name: str, before, after) -> str:
         if after == before[::-1]:
             return (f"{name}.reverse() reverses the caller's list in place: use {name}[::-1] or "
                     f"reversed({name}), which leave it alone")
-        if len(before) == len(after) and after == sorted(before):
-            return f"{name}.sort() sorts the caller's list in place: use sorted({name}) for a new list"
+        if len(before) == len(after) and sorted(map(repr, before)) == sorted(map(repr, after)):
+            return (f"the caller's {name} was reordered in place ({name}.sort(...) or {name}.reverse()): use "
+                    f"sorted({name}, ...) or {name}[::-1], which make new lists")
         return f"your function wrote into the caller's {name}: work on a copy (list({name}))"
     if isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor):
         if before.shape == after.shape and before.is_floating_point() and after.is_floating_point():
@@ -109,7 +110,9 @@ def expect_reproducible(name: str, call: Callable[[torch.Generator], object], se
     c = run(seeds[1], 1)
     if same(snapshot(a), snapshot(c)):
         raise Mismatch(f"a different {name} for a generator with another seed", f"{_short(a)} for both seeds",
-                       "use the generator passed in, not one of your own (and do not re-seed it)")
+                       "the answer does not depend on the generator's seed: draw the random numbers from the "
+                       "generator you are given (not from one of your own, not re-seeded), and sample rather "
+                       "than take an argmax")
     return f"reproducible from the generator's seed: {_short(a)}"
 
 
