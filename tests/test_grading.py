@@ -23,7 +23,6 @@ import torch.nn.functional as F
 
 from minigpt.decoding.verify import accept_greedy, accept_sampled
 from minigpt.grading import EXERCISES, check
-from minigpt.grading.core import MARKER
 from minigpt.grading.generate import BEGIN, END
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -485,12 +484,10 @@ def test_exception_in_learner_code_is_one_fail_line(capsys):
 
     result = check("decode_flops", broken)
     lines = _lines(capsys)
-    assert result.points == 0 and len(lines) == len(EXERCISES["decode_flops"].cases) + 2
-    assert all(ln.startswith("FAIL") and "raised ZeroDivisionError: float division by zero" in ln for ln in lines[:-2])
-    assert lines[-2] == f"Score: 0/{result.max_points} points"
+    assert result.points == 0 and len(lines) == len(EXERCISES["decode_flops"].cases) + 1
+    assert all(ln.startswith("FAIL") and "raised ZeroDivisionError: float division by zero" in ln for ln in lines[:-1])
+    assert lines[-1] == f"Score: 0/{result.max_points} points"  # no machine-readable line: nothing parses output
     assert "Traceback" not in "\n".join(lines)
-    marker = json.loads(lines[-1][len(MARKER):])
-    assert marker["exercise"] == "decode_flops" and marker["points"] == 0 and marker["max"] == result.max_points
 
 
 def test_nan_wrong_shape_and_wrong_type_are_clear(capsys):
@@ -514,7 +511,7 @@ def test_stub_reports_not_implemented(capsys):
     result = check("greedy_step", stub)
     lines = _lines(capsys)
     assert result.points == 0 and result.status == "not implemented yet"
-    assert all("not implemented yet" in ln for ln in lines[:-2])
+    assert all("not implemented yet" in ln for ln in lines[:-1])
 
 
 def test_failed_checks_do_not_reveal_reference_code(capsys):
@@ -552,6 +549,7 @@ def test_exercise_stubs_score_zero_not_implemented():
 
 
 # ---- the grading command ----------------------------------------------------------------------------------------
+# (tests/test_grade_command.py tests what makes its scores trustworthy; these test that it survives bad notebooks)
 
 def _grade(*args, timeout=600):
     proc = subprocess.run([sys.executable, "-m", "minigpt.grade", *map(str, args)], cwd=ROOT, capture_output=True,
@@ -560,63 +558,110 @@ def _grade(*args, timeout=600):
     return proc
 
 
-def _notebook(path: Path, *sources: str) -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
-    nbformat.write(nb, str(path))
-
-
 def _rows(report: Path) -> dict:
     return {(Path(r["notebook"]).name, r["exercise"]): r for r in json.loads(report.read_text())["rows"]}
 
 
-GOOD_FLOPS = "def decode_flops(n_params, n_tokens=1):\n    return 2 * n_params * n_tokens"
-GOOD_BYTES = "def weight_bytes(n_params, bytes_per_param):\n    return n_params * bytes_per_param"
+def _solved(name: str, body: str) -> str:
+    return f"def {name}:\n    ### BEGIN SOLUTION\n    {body}\n    ### END SOLUTION"
+
+
+MINI = ["from minigpt.grading import check",
+        _solved("decode_flops(n_params, n_tokens=1)", "return 2 * n_params * n_tokens"),
+        'check("decode_flops", decode_flops)',
+        _solved("weight_bytes(n_params, bytes_per_param)", "return n_params * bytes_per_param"),
+        'check("weight_bytes", weight_bytes)',
+        _solved("ridge_point(flops_per_s, bandwidth_bytes_per_s)", "return flops_per_s / bandwidth_bytes_per_s"),
+        'check("ridge_point", ridge_point)']
+
+
+def _release(folder: Path, names: list[str]) -> Path:
+    """A release folder made by the generator from a small solution notebook, under each of ``names``."""
+    solutions, release = folder / "solutions", folder / "release"
+    solutions.mkdir(parents=True)
+    for name in names:
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in MINI])
+        nbformat.write(nb, str(solutions / name))
+    proc = subprocess.run([sys.executable, "-m", "minigpt.grading.generate", "--solutions", str(solutions),
+                           "--exercises", str(release)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return release
+
+
+def _submission(release: Path, path: Path, bodies: dict[int, str], extra: dict[int, str] | None = None,
+                drop: tuple[int, ...] = (), source: str | None = None) -> None:
+    """The release notebook with the stub of cell i replaced by ``bodies[i]``, a new cell after cell i for each
+    ``extra[i]``, and the cells in ``drop`` deleted (cells numbered from 0)."""
+    nb = nbformat.read(str(release / (source or path.name)), as_version=4)
+    cells = []
+    for i, cell in enumerate(nb.cells):
+        if i in bodies:
+            cell.source = re.sub(r"raise NotImplementedError\(.*\)", lambda _: bodies[i], cell.source)
+        if i not in drop:
+            cells.append(cell)
+        if extra and i in extra:
+            cells.append(nbformat.v4.new_code_cell(extra[i]))
+    nb.cells = cells
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+
+
+GOOD = {1: "return 2 * n_params * n_tokens", 3: "return n_params * bytes_per_param",
+        5: "return flops_per_s / bandwidth_bytes_per_s"}
 
 
 @pytest.mark.slow
 def test_grade_command_survives_bad_notebooks(tmp_path):
+    names = ["raises.ipynb", "hangs.ipynb", "nan.ipynb", "dies.ipynb", "slow.ipynb"]
+    release = _release(tmp_path, names)
     sub = tmp_path / "submissions"
-    (sub / "alice").mkdir(parents=True)
-    _notebook(sub / "alice" / "raises.ipynb", "from minigpt.grading import check", GOOD_FLOPS,
-              "raise RuntimeError('learner cell crashed at top level')", 'check("decode_flops", decode_flops)',
-              "def weight_bytes(n_params, bytes_per_param):\n    return undefined_name",
-              'check("weight_bytes", weight_bytes)', 'check("ridge_point", ridge_point)')
-    _notebook(sub / "hangs.ipynb", "from minigpt.grading import check", GOOD_FLOPS,
-              'check("decode_flops", decode_flops)',
-              "def ridge_point(flops_per_s, bandwidth_bytes_per_s):\n    while True:\n        pass",
-              'check("ridge_point", ridge_point)', GOOD_BYTES, 'check("weight_bytes", weight_bytes)')
-    _notebook(sub / "nan.ipynb", "from minigpt.grading import check",
-              "def decode_flops(n_params, n_tokens=1):\n    return float('nan')", 'check("decode_flops", decode_flops)')
-    _notebook(sub / "dies.ipynb", "from minigpt.grading import check", GOOD_BYTES,
-              'check("weight_bytes", weight_bytes)',
-              "import os\nos._exit(1)", 'check("decode_flops", decode_flops)')
+    _submission(release, sub / "alice" / "raises.ipynb", {**GOOD, 3: "return undefined_name", 5: "return (1 +"},
+                extra={1: "raise RuntimeError('learner cell crashed at top level')"})
+    _submission(release, sub / "hangs.ipynb", {**GOOD, 5: "while True:\n        pass"})
+    _submission(release, sub / "nan.ipynb", {1: "return float('nan')"}, drop=(3,))
+    _submission(release, sub / "dies.ipynb", GOOD, extra={2: "import os\nos._exit(1)"})
+    _submission(release, sub / "slow.ipynb", GOOD, extra={2: "import time\ntime.sleep(60)"})
+    _submission(release, sub / "unknown.ipynb", GOOD, source="nan.ipynb")  # no release notebook of that name
     (sub / "broken.ipynb").write_text("{ this is not json")
     (sub / "notes.txt").write_text("not a notebook")
     report = tmp_path / "report.json"
 
-    proc = _grade(sub, "--timeout", "20", "--json", report)
+    proc = _grade(sub, "--release", release, "--timeout", "20", "--json", report)
     assert proc.returncode == 1, proc.stdout
     rows = _rows(report)
-    # raises: a top-level error does not stop later cells; an error inside the function is a failed check
+    # raises: a top-level error does not stop later cells; an error inside the function is a failed check;
+    # a syntax error leaves the function undefined, and the row says why
     assert rows["raises.ipynb", "decode_flops"]["status"] == "full marks"
     assert rows["raises.ipynb", "weight_bytes"]["points"] == 0
-    assert "NameError" in proc.stdout
-    assert "no score: the check cell raised NameError" in rows["raises.ipynb", "ridge_point"]["status"]
+    detail = {(Path(g["notebook"]).name, e["exercise"]): e for g in json.loads(report.read_text())["notebooks"]
+              for e in g["exercises"]}
+    assert all("NameError: name 'undefined_name'" in c["received"] for c in detail["raises.ipynb", "weight_bytes"]["cases"])
+    status = rows["raises.ipynb", "ridge_point"]["status"]
+    assert "no score: the check cell raised NameError" in status and "SyntaxError at line 2" in status, status
     assert rows["raises.ipynb", "ridge_point"]["max"] == EXERCISES["ridge_point"].max_points
-    # hangs: scores before the hang are kept, the hanging check and everything after it get a row
+    # hangs: scores before the hang are kept, the hanging check gets a row
     assert rows["hangs.ipynb", "decode_flops"]["status"] == "full marks"
+    assert rows["hangs.ipynb", "weight_bytes"]["status"] == "full marks"
     assert "timeout" in rows["hangs.ipynb", "ridge_point"]["status"]
-    assert "timeout" in rows["hangs.ipynb", "weight_bytes"]["status"]
-    # NaN: zero points, each case says so
+    # NaN: zero points; a deleted learner cell is the release's stub again
     assert rows["nan.ipynb", "decode_flops"]["points"] == 0
+    assert rows["nan.ipynb", "weight_bytes"]["status"] == "not implemented yet"
     # a dead kernel: earlier scores kept, the rest reported
-    assert rows["dies.ipynb", "weight_bytes"]["status"] == "full marks"
-    assert "kernel died" in rows["dies.ipynb", "decode_flops"]["status"]
-    # invalid JSON: one row, and the text file is not picked up from a folder
+    assert rows["dies.ipynb", "decode_flops"]["status"] == "full marks"
+    assert "kernel died" in rows["dies.ipynb", "weight_bytes"]["status"]
+    assert "kernel died" in rows["dies.ipynb", "ridge_point"]["status"]
+    # invalid JSON, no release: one row each, and the text file is not picked up from a folder
     assert rows["broken.ipynb", "-"]["status"].startswith("invalid notebook")
+    assert rows["unknown.ipynb", "-"]["status"].startswith("not graded: no release notebook unknown.ipynb")
     assert not any(nb == "notes.txt" for nb, _ in rows)
     assert "Total:" in proc.stdout
+
+    # the whole-notebook limit: a notebook that sleeps stops at it, and says so
+    proc = _grade(sub / "slow.ipynb", "--release", release, "--timeout", "100", "--notebook-timeout", "15",
+                  "--json", report)
+    rows = _rows(report)
+    assert rows["slow.ipynb", "decode_flops"]["status"] == "full marks"
+    assert "the notebook ran past its 15 s limit" in rows["slow.ipynb", "weight_bytes"]["status"], proc.stdout
 
     for path, reason in ((sub / "notes.txt", "not a notebook"), (tmp_path / "missing.ipynb", "not found")):
         proc = _grade(path)
@@ -625,12 +670,14 @@ def test_grade_command_survives_bad_notebooks(tmp_path):
 
 @pytest.mark.slow
 def test_grade_solutions_full_marks(tmp_path):
-    report = tmp_path / "solutions.json"
-    proc = _grade("solutions", "--json", report)
+    report, reports = tmp_path / "solutions.json", tmp_path / "reports"
+    proc = _grade("solutions", "--json", report, "--report", reports)
     assert proc.returncode == 0, proc.stdout
     data = json.loads(report.read_text())
     assert data["full_marks"] and data["points"] == data["max"] == sum(e.max_points for e in EXERCISES.values())
     assert {r["exercise"] for r in data["rows"]} == set(EXERCISES)
+    assert sorted(p.stem for p in reports.glob("*.md")) == sorted(p.stem for p in SOLUTIONS.glob("*.ipynb"))
+    assert all(not g["restored"] for g in data["notebooks"]), [g["restored"] for g in data["notebooks"]]
 
 
 @pytest.mark.slow

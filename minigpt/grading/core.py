@@ -5,8 +5,8 @@ An exercise (e.g. ``"attend_with_cache"``) is a list of cases registered by its 
 builds itself (seeded, so a verdict is reproducible), and either returns a short "what was received" text or
 raises :class:`Mismatch` with what was expected and what was received. :func:`check` runs every case, turns
 exceptions raised by the learner's code into FAIL lines (one line, no traceback), prints the score, and
-records the result: a machine-readable line ``[[minigpt-grade]] {...}`` that ``python -m minigpt.grade``
-reads back from the executed notebook.
+returns a :class:`Result`. Nothing it prints is read by a machine: ``python -m minigpt.grade`` runs a private
+copy of this module and receives the results through its own channel (see :mod:`.session`).
 
 Statistical cases compare empirical frequencies with the exact distribution through the total variation
 distance TV = ½·Σ|p̂ − p|. The bound :func:`tv_bound` comes from the Bretagnolle–Huber–Carol inequality
@@ -15,16 +15,12 @@ P(TV ≥ ε) ≤ 2^k·exp(−2nε²) for n samples over k outcomes, so a correct
 """
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
-
-MARKER = "[[minigpt-grade]]"
-
 
 class Mismatch(Exception):
     """Raised by a case when the learner's answer is wrong: what was expected, what was received."""
@@ -50,6 +46,8 @@ class CaseResult:
     max_points: int
     detail: str
     hint: str = ""
+    expected: str = ""  # filled for a failed case: what the check expected ...
+    received: str = ""  # ... and what the learner's function gave (for a pass: what it returned, in short)
 
     @property
     def passed(self) -> bool:
@@ -94,12 +92,6 @@ class Result:
     def as_dict(self) -> dict:
         return {"exercise": self.exercise, "points": self.points, "max": self.max_points, "status": self.status,
                 "cases": [asdict(c) for c in self.cases]}
-
-    def marker(self) -> str:
-        """The one line the grading command parses back from a notebook's output."""
-        failed = [c.name for c in self.cases if not c.passed]
-        return MARKER + " " + json.dumps({"exercise": self.exercise, "points": self.points,
-                                          "max": self.max_points, "status": self.status, "failed": failed})
 
     def __str__(self) -> str:
         return f"{self.exercise}: {self.points}/{self.max_points} points ({self.status})"
@@ -148,22 +140,24 @@ def run_case(case: Case, fn: Callable) -> CaseResult:
         with torch.random.fork_rng(devices=[]):  # cases seed the global RNG too; keep the learner's state
             torch.manual_seed(0)
             detail = case.run(fn)
-        return CaseResult(case.name, "pass", case.points, case.points, detail or "ok")
+        return CaseResult(case.name, "pass", case.points, case.points, detail or "ok", received=detail or "ok")
     except Mismatch as m:
         return CaseResult(case.name, "fail", 0, case.points, f"expected {m.expected}, received {m.received}",
-                          m.hint if m.hint is not None else case.hint)
+                          m.hint if m.hint is not None else case.hint, str(m.expected), str(m.received))
     except NotImplementedError as e:
         return CaseResult(case.name, "todo", 0, case.points, "not implemented yet "
-                          f"({_one_line(e)})", "replace the `raise NotImplementedError` line with your code")
+                          f"({_one_line(e)})", "replace the `raise NotImplementedError` line with your code",
+                          "your code", f"raise {_one_line(e)}")
     except Exception as e:  # anything the learner's code raises is a failed case, never a crash of check()
-        return CaseResult(case.name, "error", 0, case.points, f"your function raised {_one_line(e)}", case.hint)
+        return CaseResult(case.name, "error", 0, case.points, f"your function raised {_one_line(e)}", case.hint,
+                          "a return value", f"an exception: {_one_line(e)}")
 
 
 def check(exercise: str, fn: Callable, *, verbose: bool = True) -> Result:
     """Grade ``fn`` against the cases of ``exercise``; print one line per case and the score.
 
-    Returns a :class:`Result` (exercise, points, max_points, cases) and records it in ``RESULTS``; the last
-    printed line is a machine-readable summary for ``python -m minigpt.grade``."""
+    Returns a :class:`Result` (exercise, points, max_points, cases) and records it in ``RESULTS``. The
+    printed lines are for people; the grading command does not parse them."""
     if exercise not in EXERCISES:
         raise KeyError(f"unknown exercise {exercise!r}; known: {', '.join(sorted(EXERCISES))}")
     if not callable(fn):
@@ -176,7 +170,6 @@ def check(exercise: str, fn: Callable, *, verbose: bool = True) -> Result:
         for r in results:
             print(r.line())
         print(f"Score: {result.points}/{result.max_points} points")
-        print(result.marker())
     return result
 
 

@@ -11,7 +11,11 @@
 
 Each region (markers included) becomes one line at the marker's indentation,
 ``raise NotImplementedError("<the text after 'BEGIN SOLUTION:'>")``; outputs, execution counts and execution
-metadata are cleared; everything else is kept as it is. The JSON is written the way nbformat writes it
+metadata are cleared; everything else is kept as it is, and every code cell gets a tag that the grading command
+uses to match a submission's cells with the release's, ``metadata.minigpt = {"cell": <id>, "role": <role>}``:
+the role is ``"learner"`` for a cell with a solution region, ``"check"`` for a cell that calls ``check(...)``
+(it may not also hold a region), ``"given"`` for every other code cell; the id is the cell's nbformat id (or
+``cell-<n>`` for notebooks older than nbformat 4.5). The roles come from the content, so nobody writes them. The JSON is written the way nbformat writes it
 (sorted keys, indent 1, trailing newline), so generating twice gives the same bytes.
 
 ``--check`` writes nothing: it exits 1 naming every exercise that is missing or out of date, every region that
@@ -34,6 +38,13 @@ DEFAULT_HINT = "your code here (see the explanation above and the docstring)"
 LOCAL_PATHS = re.compile(r"(?<![\w.])/(?:work|root|tmp|home|Users)/")
 VOLATILE_CELL_METADATA = ("execution", "ExecuteTime")
 VOLATILE_NOTEBOOK_METADATA = ("widgets",)
+CHECK_CALL = re.compile(r"""\bcheck\(\s*["']([^"'\s]+)["']""")  # the same pattern as minigpt.grade's
+
+
+def check_calls(source: str) -> list[str]:
+    """The exercise names of the ``check("name", ...)`` calls in a code cell (comment lines skipped)."""
+    return [name for line in source.splitlines() if not line.lstrip().startswith("#")
+            for name in CHECK_CALL.findall(line)]
 
 
 class MarkerError(ValueError):
@@ -76,8 +87,14 @@ def make_exercise(solution_text: str, name: str = "notebook") -> str:
             if "### BEGIN SOLUTION" in cell.source or "### END SOLUTION" in cell.source:
                 raise MarkerError(f"{where}: solution markers are only supported in code cells")
             continue
+        calls = check_calls(cell.source)
         cell.source, n = stub_source(cell.source, where)
+        if n and calls:
+            raise MarkerError(f"{where}: a check(...) call must have a cell of its own, not share the cell of a "
+                              "solution region (the grader restores check cells and keeps the learner's)")
         total += n
+        role = "learner" if n else "check" if calls else "given"
+        cell.metadata["minigpt"] = {"cell": cell.get("id") or f"cell-{index + 1}", "role": role}
         cell.outputs = []
         cell.execution_count = None
         for key in VOLATILE_CELL_METADATA:

@@ -1,0 +1,193 @@
+"""``python -m minigpt.grade`` can be trusted: scores come only from this run, from the release's check cells,
+through a channel the notebook cannot forge, and the feedback reaches the learner.
+
+Every test runs the command on notebooks made from the committed ``exercises/`` and ``solutions/`` of
+exercise 02 (the fastest to run), each changed the way a learner (or a cheat) would change it, and asserts on
+the command's table, its ``--json`` detail and its ``--report`` files. Each notebook costs one kernel start.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from minigpt.grading import EXERCISES
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "ex02_memory_bound.ipynb"
+FORGED = '[[minigpt-grade]] {{"exercise": "{0}", "points": {1}, "max": {1}, "status": "full marks", "failed": []}}'
+EX02 = [name for name, ex in EXERCISES.items() if ex.notebook == NAME]
+
+
+def _grade(*args, timeout: float = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "minigpt.grade", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    return proc
+
+
+def _load(folder: str) -> nbformat.NotebookNode:
+    return nbformat.read(str(ROOT / folder / NAME), as_version=4)
+
+
+def _index(nb, text: str) -> int:
+    """The index of the first code cell whose source contains ``text``."""
+    return next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and text in c.source)
+
+
+def _region(nb, function: str, body: str) -> None:
+    """Replace the stub line of ``function``'s cell by ``body`` (indented lines): what a learner does."""
+    cell = nb.cells[_index(nb, f"def {function}(")]
+    lines = cell.source.split("\n")
+    stub = next(i for i, line in enumerate(lines) if "raise NotImplementedError" in line)
+    lines[stub: stub + 1] = ["    " + line for line in body.split("\n")]
+    cell.source = "\n".join(lines)
+
+
+def _insert(nb, index: int, source: str) -> None:
+    nb.cells.insert(index, nbformat.v4.new_code_cell(source))
+
+
+def _write(nb, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+    return path
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _rows(data: dict, notebook: str | None = None) -> dict:
+    return {r["exercise"]: r for r in data["rows"] if notebook is None or Path(r["notebook"]).parent.name == notebook}
+
+
+def test_stale_full_mark_outputs_and_a_kernel_that_dies_early_earn_nothing(tmp_path):
+    nb = _load("solutions")  # executed: its saved outputs show full marks for every exercise
+    saved = json.dumps([c.get("outputs", []) for c in nb.cells])
+    assert all(f"Score: {EXERCISES[n].max_points}/{EXERCISES[n].max_points} points" in saved for n in EX02)
+    _insert(nb, _index(nb, "from minigpt.grading import check") + 1, "import os\nos._exit(1)")
+    sub = _write(nb, tmp_path / "dies" / NAME)
+    report = tmp_path / "r.json"
+    proc = _grade(sub, "--json", report, "--timeout", "60")
+    assert proc.returncode == 1, proc.stdout
+    rows = _rows(_json(report))
+    assert set(rows) == set(EX02)
+    assert all(r["points"] == 0 and r["status"].startswith("not graded: the kernel died") for r in rows.values()), \
+        proc.stdout
+
+
+def test_forged_results_earn_nothing(tmp_path):
+    nb = _load("exercises")  # the untouched stubs: nothing is implemented
+    forge_all = "\n".join(f"print({FORGED.format(n, EXERCISES[n].max_points)!r})" for n in EX02)
+    first = _index(nb, "from minigpt.grading import check") + 1
+    _insert(nb, first, "import minigpt.grading, minigpt.grading.core\n"
+                       "from minigpt.grading.core import Result\n"
+                       "def fake(name, fn, **kw):\n"
+                       f"    print({FORGED.format('{name}', 99)!r}.replace('{{name}}', name))\n"
+                       "    return Result(name, 99, 99)\n"
+                       "minigpt.grading.check = minigpt.grading.core.check = fake\n"
+                       "check = fake\n"
+                       "for key, value in list(globals().items()):  # the grader's own entry point, called early\n"
+                       "    if key.startswith('_minigpt_grader_'):\n"
+                       "        value(0, 'check(\"decode_flops\", lambda n, t=1: 2 * n * t)')")
+    _insert(nb, _index(nb, "def weight_bytes(") + 1, "check = fake  # redefined again, just before a check")
+    nb.cells.append(nbformat.v4.new_code_cell(forge_all))
+    sub = _write(nb, tmp_path / "forger" / NAME)
+    report, reports = tmp_path / "r.json", tmp_path / "reports"
+    proc = _grade(sub, "--json", report, "--report", reports, "--timeout", "60")
+    assert proc.returncode == 1, proc.stdout
+    data = _json(report)
+    assert data["points"] == 0, proc.stdout
+    rows = _rows(data)
+    assert set(rows) == set(EX02) and all(r["status"] == "not implemented yet" for r in rows.values()), proc.stdout
+    notes = data["notebooks"][0]["notes"]
+    assert any("written outside a check cell were ignored" in n for n in notes), notes
+
+
+def test_edited_and_deleted_check_cells_are_restored_and_reported(tmp_path):
+    nb = _load("solutions")
+    wrong = nb.cells[_index(nb, "def decode_flops(")]
+    wrong.source = wrong.source.replace("return 2 * n_params * n_tokens", "return n_params * n_tokens")
+    assert "return n_params * n_tokens" in wrong.source
+    edited = nb.cells[_index(nb, 'check("decode_flops"')]
+    edited.source = f"print({FORGED.format('decode_flops', 4)!r})\nprint('Score: 4/4 points')"
+    del nb.cells[_index(nb, 'check("weight_bytes"')]
+    folder = tmp_path / "class"
+    _write(nb, folder / "ana" / NAME)
+    bare = copy.deepcopy(nb)  # the same submission with no cell ids and no metadata: matched by content
+    bare.nbformat_minor = 4
+    for cell in bare.cells:
+        cell.pop("id", None)
+        cell.metadata = {}
+    _write(bare, folder / "ben" / NAME)
+    report, reports = tmp_path / "r.json", tmp_path / "reports"
+    proc = _grade(folder, "--json", report, "--report", reports, "--timeout", "60")
+    assert proc.returncode == 1, proc.stdout
+    data = _json(report)
+    for student in ("ana", "ben"):
+        rows = _rows(data, student)
+        assert rows["decode_flops"]["points"] == 0, proc.stdout  # the restored check graded the wrong code
+        assert rows["weight_bytes"]["points"] == rows["weight_bytes"]["max"] > 0, proc.stdout  # the restored check ran
+        assert rows["ridge_point"]["status"] == "full marks"  # (later solutions that call decode_flops lose points)
+        text = (reports / student / NAME).with_suffix(".md").read_text()
+        restored = text.split("## Restored cells")[1]
+        assert "check `decode_flops`" in restored and "check `weight_bytes`" in restored, text
+        assert f"**Total: {sum(r['points'] for r in rows.values())}/" in text
+        # the failed case says what was expected, what was received and gives the case's hint
+        cases = next(e for g in data["notebooks"] if f"/{student}/" in g["notebook"]
+                     for e in g["exercises"] if e["exercise"] == "decode_flops")["cases"]
+        failed = [c for c in cases if c["status"] == "fail"]
+        assert failed and all(c["expected"] and c["received"] for c in failed)
+        plain = text.replace("\\|", "|")
+        assert all(c["expected"] in plain and c["received"] in plain and c["hint"] in plain for c in failed)
+
+
+def test_a_syntax_error_is_reported_as_such_with_its_line(tmp_path):
+    nb = _load("exercises")
+    _region(nb, "decode_flops", "total = 2 * n_params *\nreturn total")
+    sub = _write(nb, tmp_path / "typo" / NAME)
+    report, reports = tmp_path / "r.json", tmp_path / "reports"
+    proc = _grade(sub, "--json", report, "--report", reports, "--timeout", "60")
+    data = _json(report)
+    line = nb.cells[_index(nb, "def decode_flops(")].source.split("\n").index("    total = 2 * n_params *") + 1
+    problems = [p for p in data["notebooks"][0]["cell_problems"] if p["role"] == "learner"]
+    assert [p["problem"] for p in problems] == [f"SyntaxError at line {line}: invalid syntax: "
+                                                "`total = 2 * n_params *`"], problems
+    status = _rows(data)["decode_flops"]["status"]
+    assert "NameError" in status and f"SyntaxError at line {line}" in status, status
+    assert f"SyntaxError at line {line}" in (reports / NAME).with_suffix(".md").read_text()
+    assert proc.returncode == 1
+
+
+PEAK_RSS = """
+import resource, subprocess, sys
+subprocess.run([sys.executable, "-m", "minigpt.grade", *sys.argv[1:]], stdout=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)  # KiB on Linux: the largest child's peak
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux only")
+def test_a_printer_of_megabytes_is_graded_in_bounded_memory(tmp_path):
+    def peak_kib(sub: Path, report: Path) -> int:
+        proc = subprocess.run([sys.executable, "-c", PEAK_RSS, str(sub), "--json", str(report), "--timeout", "120"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+        return int(proc.stdout.strip().splitlines()[-1])
+
+    quiet = _load("exercises")
+    _region(quiet, "decode_flops", "return 2 * n_params * n_tokens")
+    base = peak_kib(_write(quiet, tmp_path / "quiet" / NAME), tmp_path / "quiet.json")
+
+    loud = _load("exercises")
+    _region(loud, "decode_flops", 'print("x" * 2_000_000)  # 2 MB per call\nreturn 2 * n_params * n_tokens')
+    _insert(loud, _index(loud, 'check("decode_flops"') + 1, 'for _ in range(500):\n    print("y" * 2_000_000)')
+    peak = peak_kib(_write(loud, tmp_path / "loud" / NAME), tmp_path / "loud.json")
+    rows = _rows(_json(tmp_path / "loud.json"))
+    assert rows["decode_flops"]["status"] == "full marks", rows  # graded, and correctly, despite the flood
+    # 1 GB printed in one cell and 2 MB per check call: the grader and its kernel hold no more than 200 MB extra
+    assert peak < base + 200 * 1024, (peak, base)
