@@ -129,8 +129,10 @@ def _medusa(models: Models, prompt, max_new_tokens: int):
 COUNTS = ("new_tokens", "target_passes", "draft_passes", "proposed", "tested", "accepted", "rounds")
 PRESETS = {"full": dict(n_code=8, n_edit=4, max_new_tokens=64, repeats=5),
            "quick": dict(n_code=3, n_edit=1, max_new_tokens=32, repeats=3)}
-# SmolLM2 (--model smollm2): chat requests instead of code windows; per_kind None = all ten requests
-REAL_PRESETS = {"full": dict(per_kind=None, max_new_tokens=64, repeats=3),
+# SmolLM2 (--model smollm2): chat requests instead of code windows (minigpt.real.REQUESTS and
+# HELD_OUT_REQUESTS); per_kind None = every request of the chosen kinds and split. Long enough for an edit
+# request's answer, which returns a 10-30-line function whole.
+REAL_PRESETS = {"full": dict(per_kind=None, max_new_tokens=256, repeats=5),
                 "quick": dict(per_kind=1, max_new_tokens=32, repeats=2)}
 
 
@@ -168,17 +170,20 @@ def bench_prompts(n_code: int, n_edit: int) -> list[Prompt]:
 def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_new_tokens: int = 64,
               repeats: int = 5, gamma: int | None = None, device: str | torch.device | None = None,
               models: Models | None = None, prompts: list | None = None, peers: bool = False,
-              log=None) -> list[dict]:
+              method_params: dict | None = None, log=None) -> list[dict]:
     """Run ``methods`` (greedy) on the prompt set; return one record per method (see the module docstring).
 
-    ``gamma`` overrides the draft length of every method that has one. ``models``/``prompts`` replace the
+    ``gamma`` overrides the draft length of every method that has one; ``method_params`` overrides any
+    method's parameters (``{"prompt_lookup": {"num_pred": 16}}``). ``models``/``prompts`` replace the
     shipped pair / the default prompt set (tests use this). ``peers``: also run Hugging Face transformers'
     decoders (:mod:`minigpt.peers`) on the same weights, with our matching methods (plain, chain,
     prompt_lookup) added if missing; their records get ``ours_over_theirs`` (our method's tokens/s over theirs,
     median over repeats) and ``identical_to_ours``. ``log``: a function to report progress to.
 
     Each record's ``by_kind`` repeats the counts, times and speedups for the prompts of each kind alone (the
-    ``kind`` of a :class:`~minigpt.prompts.Prompt`), from the same interleaved runs."""
+    ``kind`` of a :class:`~minigpt.prompts.Prompt`), from the same interleaved runs; when the prompts come
+    from named sets (a Prompt's ``split``, e.g. "dev" and "held-out"), ``by_split`` does the same for each set,
+    with that set's own ``by_kind``."""
     names = check_methods(methods)
     dev = check_device(device) if models is None else models.target.device
     if models is None:
@@ -192,6 +197,12 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
         raise ValueError("no prompts to run")
     params = {n: {k: (gamma if k == "gamma" and gamma is not None else v) for k, v in METHODS[n].params.items()}
               for n in names}
+    for n, over in (method_params or {}).items():
+        if n in params:
+            unknown = set(over) - set(params[n])
+            if unknown:
+                raise ValueError(f"method {n!r} has no parameter {sorted(unknown)[0]!r}; it has {sorted(params[n])}")
+            params[n].update(over)
     peer_fns = {}
     if peers:
         from .peers import PAIRS, peer_methods, settings_from_bench
@@ -246,6 +257,8 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
 
     kind_of = [getattr(p, "kind", "") or "prompt" for p in prompts]  # "code", "edit", ... per prompt
     of_kind = {kind: [i for i, k in enumerate(kind_of) if k == kind] for kind in sorted(set(kind_of))}
+    split_of = [getattr(p, "split", "") for p in prompts]             # "dev", "held-out", or "" (no sets)
+    of_split = {sp: [i for i, x in enumerate(split_of) if x == sp] for sp in dict.fromkeys(split_of) if sp}
     every = range(len(prompts))
 
     def timing(name, idx):  # per repeat: the seconds spent on the prompts idx, and the speedup over plain
@@ -257,16 +270,19 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
         s = totals(n, every)
         total_times, speedups = timing(n, every)
         tps = [new_tokens[n] / t for t in total_times]
-        by_kind = {}
-        for kind, idx in of_kind.items():
+        def group(idx):  # the counts, times and speedups of the prompts idx alone
             sk = totals(n, idx)
             tk, spk = timing(n, idx)
-            by_kind[kind] = dict(n_prompts=len(idx), new_tokens=sum(len(outputs[n][i]) for i in idx),
-                                 tokens_per_target_pass=_finite(sk.tokens_per_target_pass),
-                                 acceptance_rate=_finite(sk.acceptance_rate) if sk.tested else None,
-                                 time_s_median=statistics.median(tk), speedup_vs_plain=statistics.median(spk),
-                                 speedup_min=min(spk), speedup_max=max(spk),
-                                 identical_to_plain_greedy=all(identical[n][i] for i in idx))
+            return dict(n_prompts=len(idx), new_tokens=sum(len(outputs[n][i]) for i in idx),
+                        tokens_per_target_pass=_finite(sk.tokens_per_target_pass),
+                        acceptance_rate=_finite(sk.acceptance_rate) if sk.tested else None,
+                        time_s_median=statistics.median(tk), speedup_vs_plain=statistics.median(spk),
+                        speedup_min=min(spk), speedup_max=max(spk),
+                        identical_to_plain_greedy=all(identical[n][i] for i in idx))
+        by_kind = {kind: group(idx) for kind, idx in of_kind.items()}
+        by_split = {sp: dict(group(idx), by_kind={kind: group([i for i in idx if kind_of[i] == kind])
+                                                  for kind in of_kind if any(kind_of[i] == kind for i in idx)})
+                    for sp, idx in of_split.items()}
         records.append(dict(
             method=n, description=peer_fns[n].description if n in peer_fns else METHODS[n].description,
             params=params[n], gamma=params[n].get("gamma"),
@@ -282,7 +298,7 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
             identical_to_plain_greedy=all(identical[n]),
             mismatched_prompts=[p.name if isinstance(p, Prompt) else i
                                 for i, (p, ok) in enumerate(zip(prompts, identical[n])) if not ok],
-            by_kind=by_kind,
+            by_kind=by_kind, by_split=by_split,
         ))
         if n in peer_fns:  # transformers' method next to our matching one, timed in the same loop
             ours = PAIRS[n]
@@ -294,6 +310,8 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
             records[-1].update(ours=ours, **against_ours(every))
             for kind, idx in of_kind.items():
                 by_kind[kind].update(against_ours(idx))
+            for sp, idx in of_split.items():
+                by_split[sp].update(against_ours(idx))
     return records
 
 
@@ -314,7 +332,21 @@ def format_table(records: list[dict]) -> str:
         if "ours_over_theirs" in r:
             lines.append(f"{r['method']}: ours ({r['ours']}) / theirs = {r['ours_over_theirs']:.2f}x tokens/s, "
                          f"identical tokens: {r['identical_to_ours']}")
-    lines.append(f"{r0['n_prompts']} prompts, {r0['max_new_tokens']} new tokens each, greedy, "
+    groups = [(kind, lambda r, k=kind: r["by_kind"][k]) for kind in r0["by_kind"]] if len(r0["by_kind"]) > 1 else []
+    for sp, g in r0.get("by_split", {}).items():
+        groups.append((sp, lambda r, s=sp: r["by_split"][s]))
+        groups += [(f"{sp} {kind}", lambda r, s=sp, k=kind: r["by_split"][s]["by_kind"][k]) for kind in g["by_kind"]]
+    if groups:
+        lines.append("per group: tokens per target pass, alpha, speedup over plain (median, min-max over repeats)")
+        for label, get in groups:
+            lines.append(f"  {label} ({get(r0)['n_prompts']} prompts)")
+            for r in records:
+                g = get(r)
+                a = "-" if g["acceptance_rate"] is None else f"{g['acceptance_rate']:.3f}"
+                lines.append(f"    {r['method']:<24}{g['tokens_per_target_pass']:>7.2f}{a:>8}    "
+                             f"{g['speedup_vs_plain']:.2f}x ({g['speedup_min']:.2f}-{g['speedup_max']:.2f})"
+                             f"{'' if g['identical_to_plain_greedy'] else '   NOT identical'}")
+    lines.append(f"{r0['n_prompts']} prompts, {r0['max_new_tokens']} new tokens each (at most), greedy, "
                  f"{r0['repeats']} repeats (medians), device {r0['device']}, {r0['dtype']}, "
                  f"{r0['torch_threads']} threads")
     return "\n".join(lines)
@@ -337,6 +369,11 @@ def main(argv=None) -> int:
     ap.add_argument("--model", choices=["course", "smollm2"], default="course",
                     help="course: the shipped target and drafters (default); smollm2: the real model of Lesson 09 "
                          "(fetch it first: python -m minigpt.smollm fetch)")
+    ap.add_argument("--kinds", default=None,
+                    help="smollm2 only: comma-separated request kinds (default all: edit,document,code,chat)")
+    ap.add_argument("--split", choices=["dev", "held-out", "all"], default="all",
+                    help="smollm2 only: the development requests, the held-out ones, or both (default; reported "
+                         "per set)")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads for torch (default 1: the models are tiny, and on a busy machine more "
                          "threads were measured to slow decoding down many times over; 0 = torch's default)")
@@ -390,11 +427,15 @@ def _main_smollm2(args, ap, names: list[str], dev) -> int:
     for k in ("max_new_tokens", "repeats"):
         if getattr(args, k) is not None:
             cfg[k] = getattr(args, k)
+    kinds = tuple(k.strip() for k in (args.kinds or ",".join(real.KINDS)).split(",") if k.strip())
     try:
+        prompts = real.real_prompts(kinds=kinds, per_kind=cfg.pop("per_kind"), split=args.split)
         models = real.smollm2_models(dev, draft=True, medusa="medusa" in names)
         if args.peers:
             models.hf_target = real.load_hf_smollm(dev)
-        prompts = real.real_prompts(per_kind=cfg.pop("per_kind"))
+    except ValueError as e:
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, ImportError, CheckpointError) as e:
         print(f"{ap.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -407,7 +448,7 @@ def _main_smollm2(args, ap, names: list[str], dev) -> int:
     print(f"benchmarking {', '.join(names)} on SmolLM2-135M-Instruct, {dev}: {len(prompts)} chat prompts, {cfg}",
           file=sys.stderr)
     records = run_bench(names, gamma=args.gamma, models=models, prompts=prompts, peers=args.peers,
-                        log=lambda m: print(m, file=sys.stderr), **cfg)
+                        method_params=real.LOOKUP_SETTINGS, log=lambda m: print(m, file=sys.stderr), **cfg)
     return _report(records, args.json)
 
 

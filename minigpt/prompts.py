@@ -34,9 +34,10 @@ class Prompt(list):
     """A list of token ids with a ``name`` ("file.py:line"), a ``kind`` ("code", "prose" or "edit") and
     ``reference``: the ids that really follow in the source (a few dozen), for reading, never for grading."""
 
-    def __init__(self, ids, name: str = "", kind: str = "", reference=()):
+    def __init__(self, ids, name: str = "", kind: str = "", reference=(), split: str = ""):
         super().__init__(int(i) for i in ids)
         self.name, self.kind, self.reference = name, kind, list(reference)
+        self.split = split  # which set a prompt belongs to, e.g. "dev" or "held-out" (SmolLM2's requests)
 
     def __repr__(self) -> str:
         return f"Prompt({self.kind} {self.name}, {len(self)} tokens)"

@@ -37,18 +37,220 @@ MEDUSA_CHECKPOINT = PACKAGE_CHECKPOINTS / "smollm2-medusa.pt"
 # almost never agree with the full model on chat answers, and on a CPU no depth is faster than plain decoding
 EARLY_EXIT_LAYERS = 24
 
-# Chat requests of three kinds. "edit" answers copy most of the request (prompt lookup's best case), "code"
-# writes new code, "chat" is prose. The model is small: the point is how fast it answers, not how well.
+# Chat requests of four kinds, in two sets. "edit" returns a 10-30-line function whole with a small change (a
+# rename, a docstring pass, one line edited): the answer copies most of the request, prompt lookup's best case.
+# "document" repeats a paragraph or a short README with a small change. "code" writes new code, "chat" is prose.
+# REQUESTS is the development set (lookup's settings were chosen on it); HELD_OUT_REQUESTS was never used to
+# choose anything and is reported separately. The model is small: the point is how fast it answers.
+
+_PARSE_CONFIG = '''def parse_config_lines(lines):
+    result = {}
+    section = "main"
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+            result.setdefault(section, {})
+            continue
+        if "=" not in line:
+            raise ValueError(f"line {number}: expected key = value")
+        key, value = line.split("=", 1)
+        result.setdefault(section, {})[key.strip()] = value.strip()
+    return result'''
+
+_SCHEDULE = '''def assign_jobs(jobs, workers):
+    if workers < 1:
+        raise ValueError("need at least one worker")
+    loads = [0.0] * workers
+    plan = [[] for _ in range(workers)]
+    for name, hours in sorted(jobs.items(), key=lambda item: -item[1]):
+        least = min(range(workers), key=lambda w: loads[w])
+        plan[least].append(name)
+        loads[least] += hours
+    busiest = max(loads)
+    idle = [w for w, load in enumerate(loads) if load == 0]
+    return plan, busiest, idle'''
+
+_MOVING = '''def moving_average(values, window=3):
+    if window <= 0:
+        raise ValueError("window must be positive")
+    averages = []
+    total = 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        if i >= window - 1:
+            averages.append(total / window)
+    print("computed", len(averages), "averages")
+    return averages'''
+
+_INVENTORY = '''def merge_inventory(store, delivery):
+    merged = dict(store)
+    missing = []
+    for item, count in delivery.items():
+        if count < 0:
+            missing.append(item)
+            continue
+        merged[item] = merged.get(item, 0) + count
+    empty = [item for item, count in merged.items() if count == 0]
+    for item in empty:
+        del merged[item]
+    report = {
+        "items": len(merged),
+        "units": sum(merged.values()),
+        "rejected": missing,
+    }
+    return merged, report'''
+
+_TOKENIZE = '''def tokenize_expression(text):
+    tokens = []
+    pos = 0
+    while pos < len(text):
+        char = text[pos]
+        if char.isspace():
+            pos += 1
+        elif char.isdigit():
+            start = pos
+            while pos < len(text) and (text[pos].isdigit() or text[pos] == "."):
+                pos += 1
+            tokens.append(("number", float(text[start:pos])))
+        elif char.isalpha():
+            start = pos
+            while pos < len(text) and text[pos].isalnum():
+                pos += 1
+            tokens.append(("name", text[start:pos]))
+        elif char in "+-*/()":
+            tokens.append(("op", char))
+            pos += 1
+        else:
+            raise SyntaxError(f"unexpected character {char!r} at {pos}")
+    return tokens'''
+
+_BUCKETS = '''def bucket_by_size(files, limits):
+    limits = sorted(limits)
+    buckets = {limit: [] for limit in limits}
+    too_big = []
+    for path, size in files:
+        for limit in limits:
+            if size <= limit:
+                buckets[limit].append(path)
+                break
+        else:
+            too_big.append(path)
+    counts = {limit: len(paths) for limit, paths in buckets.items()}
+    return buckets, counts, too_big'''
+
+_RETRY = '''import time
+
+
+def call_with_retry(func, attempts=4, delay=0.5):
+    last_error = None
+    for attempt in range(1, attempts + 1):
+        try:
+            return func()
+        except ConnectionError as error:
+            last_error = error
+            if attempt == attempts:
+                break
+            print(f"attempt {attempt} failed, waiting {delay:.1f} s")
+            time.sleep(delay)
+            delay = delay * 2
+    raise RuntimeError(f"gave up after {attempts} attempts") from last_error'''
+
+_ORDERS = '''def summarize_orders(orders, currency):
+    totals = {}
+    largest = None
+    for order in orders:
+        customer = order["customer"]
+        amount = order["quantity"] * order["unit_price"]
+        totals[customer] = totals.get(customer, 0) + amount
+        if largest is None or amount > largest[1]:
+            largest = (customer, amount)
+    lines = [f"{name}: {value:.2f} {currency}" for name, value in sorted(totals.items())]
+    if largest is not None:
+        lines.append(f"largest order: {largest[0]} ({largest[1]:.2f} {currency})")
+    return "\\n".join(lines)'''
+
+_GARDEN = ("The Linden Street community garden opens for the season on the first Saturday of April. Members "
+           "can collect their plot keys from the shed between nine and noon, and the water taps will be turned "
+           "on the same morning. Tools are shared: please clean them and hang them back on the rack after use. "
+           "Compost goes in the left bin only, and the right bin is for weeds with seeds. Our monthly meeting is "
+           "held on the second Tuesday at seven in the evening in the library's back room, and new members are "
+           "always welcome.")
+
+_TIDY_README = '''# tidyfiles
+
+tidyfiles sorts the files in a folder into subfolders by type: images, documents, audio, archives and other.
+
+## Installation
+
+    pip install tidyfiles
+
+## Usage
+
+    tidyfiles ~/Downloads            # sort the folder in place
+    tidyfiles ~/Downloads --dry-run  # only show what would move
+
+tidyfiles never deletes a file. When two files have the same name, the second one gets a number added.
+
+## License
+
+MIT'''
+
+_NOTICE = ("Dear residents, the water supply in buildings A and B will be interrupted on Monday, 14 October, "
+           "from 8:00 to 13:00 while the main pipe under the courtyard is replaced. Please fill a few bottles "
+           "the evening before. The lifts will keep working, but the laundry room will be closed for the whole "
+           "day. If you have questions, call the caretaker's office at 555-0142. Thank you for your patience.")
+
+_BAKERY = ("Our bakery on Mill Road bakes its sourdough every night in a wood-fired oven. The dough rests for "
+           "eighteen hours before it is shaped by hand, which gives the bread its open crumb and its thick crust. "
+           "Every morning we also make rye rolls, cinnamon buns and a seasonal fruit tart. The shop opens at "
+           "seven, and the first loaves usually sell out before nine, so we keep a shelf of reserved bread for "
+           "customers who order the day before. On Sundays we close at one in the afternoon.")
+
+_PIXELGRID_README = '''# pixelgrid
+
+pixelgrid draws simple pixel art from a text file in which every character is one pixel.
+
+## Requirements
+
+- Python 3.9 or newer
+- Pillow 9 or newer
+
+## Quick start
+
+    pip install pixelgrid
+    pixelgrid draw heart.txt --scale 8 --out heart.png
+
+Each character in the file maps to a colour listed in palette.toml. A dot is a transparent pixel.
+
+## Contributing
+
+Open an issue before sending a large change, and run the tests with pytest.'''
+
+_TRIP = ("On the first day of the trip we walked from the harbour to the old lighthouse, about six kilometres "
+         "along the cliffs. The path was narrow in places and the wind was strong, but the views over the bay "
+         "were worth it. We had lunch on a bench near the lighthouse and watched the fishing boats come back. "
+         "In the afternoon it started to rain, so we took the bus back to the village and spent the evening in "
+         "a small cafe that served fish soup and fresh bread.")
+
 REQUESTS = [
-    ("edit", "Rename the variable `total` to `running_sum` in this function and return the whole function:\n"
-             "```python\ndef add_all(values):\n    total = 0\n    for value in values:\n        total += value\n"
-             "    return total\n```"),
-    ("edit", "Add type hints to this function. Reply with the code only.\n```python\ndef greet(name, excited):\n"
-             "    message = 'Hello, ' + name\n    if excited:\n        message = message + '!'\n    return message\n```"),
-    ("edit", "Fix the bug in this code and show the corrected version:\n```python\ndef average(numbers):\n"
-             "    if not numbers:\n        return 0\n    return sum(numbers) / len(number)\n```"),
-    ("edit", "Convert this loop into a list comprehension:\n```python\nsquares = []\nfor n in range(10):\n"
-             "    if n % 2 == 0:\n        squares.append(n * n)\n```"),
+    ("edit", "Rename the function `parse_config_lines` to `read_settings` and the variable `result` to "
+             f"`settings`. Return the whole function.\n```python\n{_PARSE_CONFIG}\n```"),
+    ("edit", f"Add a short docstring to this function. Return the whole function, otherwise unchanged.\n"
+             f"```python\n{_SCHEDULE}\n```"),
+    ("edit", f"Replace the print call with logging.info and show me the complete function.\n"
+             f"```python\n{_MOVING}\n```"),
+    ("edit", "In this function rename the parameter `delivery` to `shipment` everywhere. Reply with the full "
+             f"function.\n```python\n{_INVENTORY}\n```"),
+    ("document", f"Repeat this paragraph exactly, but change \"second Tuesday\" to \"second Thursday\".\n\n{_GARDEN}"),
+    ("document", "Here is a README. Rename the project from tidyfiles to neatdir everywhere and return the "
+                 f"whole README.\n\n{_TIDY_README}"),
+    ("document", f"Rewrite this notice with the date changed to Wednesday, 16 October. Keep everything else "
+                 f"the same.\n\n{_NOTICE}"),
     ("code", "Write a Python function that checks whether a string is a palindrome."),
     ("code", "Write a Python function that returns the n-th Fibonacci number."),
     ("code", "Write a Python class for a stack with push, pop and peek methods."),
@@ -57,17 +259,58 @@ REQUESTS = [
     ("chat", "Give me a short summary of what a CPU does."),
 ]
 
+HELD_OUT_REQUESTS = [
+    ("edit", "Rename the variable `pos` to `index` in the following function and give back the whole "
+             f"function.\n```python\n{_TOKENIZE}\n```"),
+    ("edit", f"Please add a docstring that explains the arguments and the return value, and return the full "
+             f"function.\n```python\n{_BUCKETS}\n```"),
+    ("edit", "Change this code so that the delay grows by a factor of 1.5 instead of 2. Show the whole "
+             f"code.\n```python\n{_RETRY}\n```"),
+    ("edit", f"Rename `summarize_orders` to `order_report` and return the complete function.\n"
+             f"```python\n{_ORDERS}\n```"),
+    ("document", "Copy this text, replacing \"Mill Road\" with \"Station Street\". Do not change anything "
+                 f"else.\n\n{_BAKERY}"),
+    ("document", "Update this README so that it requires Python 3.10 or newer, and return the whole README."
+                 f"\n\n{_PIXELGRID_README}"),
+    ("document", f"XX\n\n{_TRIP}"),
+    ("code", "Write a Python function that turns a list of (key, value) pairs into a dictionary, keeping the "
+             "last value when a key repeats."),
+    ("code", "Write a Python function that counts the words in a text file."),
+    ("chat", "Describe in three sentences how the gears of a bicycle work."),
+    ("chat", "What should I pack for a one-day hike?"),
+]
 
-def real_prompts(kinds=("edit", "code", "chat"), per_kind: int | None = None) -> list[Prompt]:
-    """The requests above in SmolLM2's chat format, tokenized: Prompts named ``kind-i`` with ``kind`` set."""
+KINDS = ("edit", "document", "code", "chat")
+
+# Prompt lookup's settings for SmolLM2, chosen on the development requests only (replayed greedy outputs,
+# :func:`minigpt.decoding.lookup.replay_lookup`): on their edits, 16 copied tokens beat 8 and longer n-grams
+# changed nothing; the adaptive rule's cap made no difference between 16 and 64.
+LOOKUP_SETTINGS = {"prompt_lookup": dict(max_ngram=3, num_pred=16),
+                   "prompt_lookup_adaptive": dict(max_ngram=3, num_pred=8, max_pred=32)}
+SPLITS = {"dev": REQUESTS, "held-out": HELD_OUT_REQUESTS}
+
+
+def real_prompts(kinds=KINDS, per_kind: int | None = None, split: str = "dev") -> list[Prompt]:
+    """Requests in SmolLM2's chat format, tokenized, as Prompts with ``kind`` and ``split`` set.
+
+    split: "dev" (:data:`REQUESTS`, named ``kind-i``), "held-out" (:data:`HELD_OUT_REQUESTS`, named
+    ``kind-held-i``) or "all" (both, dev first). per_kind: at most this many of each kind from each set."""
     from .smollm import encode_chat, load_smollm_tokenizer
+    if split not in (*SPLITS, "all"):
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, all; got {split!r}")
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"unknown request kind {unknown[0]!r}; kinds: {', '.join(KINDS)}")
     enc = load_smollm_tokenizer()
-    out, seen = [], {}
-    for kind, text in REQUESTS:
-        if kind not in kinds or (per_kind is not None and seen.get(kind, 0) >= per_kind):
-            continue
-        seen[kind] = seen.get(kind, 0) + 1
-        out.append(Prompt(encode_chat(enc, [{"role": "user", "content": text}]), f"{kind}-{seen[kind]}", kind))
+    out = []
+    for name in (SPLITS if split == "all" else (split,)):
+        seen: dict[str, int] = {}
+        for kind, text in SPLITS[name]:
+            if kind not in kinds or (per_kind is not None and seen.get(kind, 0) >= per_kind):
+                continue
+            seen[kind] = seen.get(kind, 0) + 1
+            label = f"{kind}-{seen[kind]}" if name == "dev" else f"{kind}-held-{seen[kind]}"
+            out.append(Prompt(encode_chat(enc, [{"role": "user", "content": text}]), label, kind, split=name))
     return out
 
 

@@ -4,9 +4,9 @@ A draft is useful when it guesses what the *target* will say next, so the best t
 target's own answers to the kind of request it will serve (sequence-level distillation). This module writes
 those requests; :func:`minigpt.real.make_answers` has SmolLM2 answer them.
 
-Three kinds, as in the lesson's race (:data:`minigpt.real.REQUESTS`): *edit* (a function from the standard
-library's training files with an instruction), *code* (write a small function) and *chat* (short questions
-in prose). The lesson's own requests are not among them: they are the held-out test.
+Three kinds of the benchmark's four (:data:`minigpt.real.REQUESTS`; its *document* kind has no counterpart
+here): *edit* (a function from the standard library's training files with an instruction), *code* (write a
+small function) and *chat* (short questions in prose). The benchmark's requests are not among them.
 """
 from __future__ import annotations
 
@@ -164,8 +164,9 @@ def stdlib_functions(min_lines: int = 4, max_lines: int = 14, limit: int = 2000)
 def training_requests(n_edit: int = 400, seed: int = 0) -> list[tuple[str, str]]:
     """(kind, text) chat requests for distillation: every code task, explanation, tip, summary and open
     question with each of its templates, and ``n_edit`` edit requests on standard-library functions.
-    Shuffled with ``seed``; none is one of the lesson's held-out :data:`minigpt.real.REQUESTS`."""
-    from .real import REQUESTS
+    Shuffled with ``seed``; none is one of the benchmark's requests (:data:`minigpt.real.REQUESTS` and
+    :data:`minigpt.real.HELD_OUT_REQUESTS`)."""
+    from .real import HELD_OUT_REQUESTS, REQUESTS
     rng = random.Random(seed)
     reqs = [("code", t.format(task)) for task in CODE_TASKS for t in CODE_TEMPLATES]
     reqs += [("chat", t.format(x)) for x in EXPLAIN_TOPICS for t in EXPLAIN_TEMPLATES]
@@ -178,7 +179,7 @@ def training_requests(n_edit: int = 400, seed: int = 0) -> list[tuple[str, str]]
         name = rng.choice(names) if names else ""
         new = next((x for x in rng.sample(NEW_NAMES, len(NEW_NAMES)) if x not in names), "renamed")
         reqs.append(("edit", template.format(code=code, name=name, new=new)))
-    held_out = {text for _, text in REQUESTS}
+    held_out = {text for _, text in REQUESTS + HELD_OUT_REQUESTS}
     reqs = [r for r in reqs if r[1] not in held_out]
     rng.shuffle(reqs)
     return reqs

@@ -82,6 +82,27 @@ def find_candidate_tree(seq, max_ngram: int = 3, num_pred: int = 8, min_ngram: i
     return tokens, parents
 
 
+def replay_lookup(prompt, output, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1,
+                  adaptive: bool = False, max_pred: int = 32) -> list[tuple[int, int]]:
+    """Greedy chain lookup replayed on a known greedy ``output``, without the model: (proposed, accepted) per
+    round. Greedy lookup accepts a proposal's longest prefix that agrees with the output, so the rounds (and
+    the target passes, one per round) are those :func:`lookup_generate` would make; settings can be swept for
+    free. Same parameters as :func:`lookup_generate`."""
+    prompt, output = [int(t) for t in prompt], [int(t) for t in output]
+    k, done, rounds = num_pred, 0, []
+    while done < len(output):
+        room = len(output) - done - 1
+        proposal = find_candidates(prompt + output[:done], max_ngram, k, min_ngram)[:room]
+        n = 0
+        while n < len(proposal) and proposal[n] == output[done + n]:
+            n += 1
+        rounds.append((len(proposal), n))
+        if adaptive and proposal:
+            k = min(k + 2, max_pred) if n == len(proposal) else max(1, k - 1)
+        done += n + 1
+    return rounds
+
+
 @torch.no_grad()
 def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3, num_pred: int = 8,
                     min_ngram: int = 1, tree: bool = False, max_matches: int = 4, temperature: float = 0.0,
