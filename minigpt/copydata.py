@@ -211,6 +211,32 @@ def load_copy_tokens(split: str = "train", tokenizer=None, seed: int = 0) -> np.
     return arr
 
 
+def example_starts(data: np.ndarray, eot: int) -> np.ndarray:
+    """Offsets of the examples in a joined array of :func:`load_copy_tokens` (after each end-of-text)."""
+    ends = np.flatnonzero(data == eot)
+    return np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+
+
+def copy_batch(data: np.ndarray, starts: np.ndarray, batch_size: int, block_size: int,
+               generator: torch.Generator | None = None, random_repeat: float = 0.125, vocab_size: int = 4096):
+    """A batch of windows that each begin at an example's start, so every copy has its source in view
+    (a window at a random offset often cuts the source off and leaves a copy nothing can predict).
+
+    A fraction ``random_repeat`` of the rows are random tokens repeated (a span of 8-48 ids, then again and
+    again): text that only copying can predict, the classic way to grow induction heads quickly."""
+    rows = []
+    n_random = int(round(batch_size * random_repeat))
+    for i in torch.randint(len(starts), (batch_size - n_random,), generator=generator).tolist():
+        s = int(min(starts[i], len(data) - block_size - 1))
+        rows.append(data[s:s + block_size + 1].astype(np.int64))
+    for _ in range(n_random):
+        span = int(torch.randint(8, 49, (1,), generator=generator))
+        piece = torch.randint(vocab_size, (span,), generator=generator).numpy()
+        rows.append(np.resize(piece, block_size + 1).astype(np.int64))
+    windows = np.stack(rows)
+    return torch.from_numpy(windows[:, :-1].copy()), torch.from_numpy(windows[:, 1:].copy())
+
+
 @torch.no_grad()
 def copy_accuracy(model, prompts) -> float:
     """Teacher-forced top-1 accuracy of ``model`` on the true copies of edit prompts: the share of the

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .checkpoint import PACKAGE_CHECKPOINTS, load_model, read_checkpoint, save_checkpoint
-from .copydata import copy_accuracy, load_copy_tokens
+from .copydata import copy_accuracy, copy_batch, example_starts, load_copy_tokens
 from .data import get_batch, load_tokens
 from .model import GPT, GPTConfig
 from .prompts import edit_prompts
@@ -212,6 +212,9 @@ def main(argv=None) -> None:
     copy_train = load_copy_tokens("train") if args.copy_mix else None
     copy_val = load_copy_tokens("val") if args.copy_mix else None
     n_copy = round(lead.preset.batch_size * args.copy_mix)
+    if n_copy:
+        from .tokenizer import EOT, load_tokenizer
+        copy_starts = example_starts(copy_train, load_tokenizer().encode_single_token(EOT))
     g = torch.Generator().manual_seed(args.seed + lead.step)  # a resumed run sees new batches
     t_start, budget = time.time(), (args.minutes * 60 if args.minutes else float("inf"))
     bar = tqdm(total=lead.preset.max_steps, initial=lead.step, desc=args.preset, dynamic_ncols=True)
@@ -223,7 +226,8 @@ def main(argv=None) -> None:
         t0 = time.time()
         x, y = get_batch(train_data, lead.preset.batch_size - n_copy, lead.preset.block_size, g)
         if n_copy:
-            cx, cy = get_batch(copy_train, n_copy, lead.preset.block_size, g)
+            cx, cy = copy_batch(copy_train, copy_starts, n_copy, lead.preset.block_size, g,
+                                vocab_size=lead.preset.config.vocab_size)
             x, y = torch.cat([x, cx]), torch.cat([y, cy])
         soft = None
         if teacher is not None:
