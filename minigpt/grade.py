@@ -328,7 +328,7 @@ def _read_results(handle, secret: bytes, cell: int, names: list[str], graded: Gr
         elif "error" in body:
             error = str(body["error"])
         elif body.get("exercise") in names and isinstance(body.get("result"), dict):
-            graded.results[body["exercise"]] = body["result"]  # the last call of a check counts
+            graded.results.setdefault(body["exercise"], body["result"])  # the check cell's own (first) call
     if rejected:
         graded.notes.append(f"{rejected} result line(s) that did not come from the running check were ignored")
     return error

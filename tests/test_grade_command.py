@@ -93,6 +93,14 @@ def test_forged_results_earn_nothing(tmp_path):
                        "    return Result(name, 99, 99)\n"
                        "minigpt.grading.check = minigpt.grading.core.check = fake\n"
                        "check = fake\n"
+                       "import json\n"  # make the kernel's own result lines claim full marks
+                       "_dumps = json.dumps\n"
+                       "def _forge(obj, **kw):\n"
+                       "    if isinstance(obj, dict) and isinstance(obj.get('result'), dict):\n"
+                       "        obj = {**obj, 'result': {**obj['result'], 'points': obj['result']['max'],\n"
+                       "                                 'status': 'full marks', 'cases': []}}\n"
+                       "    return _dumps(obj, **kw)\n"
+                       "json.dumps = _forge\n"
                        "for key, value in list(globals().items()):  # the grader's own entry point, called early\n"
                        "    if key.startswith('_minigpt_grader_'):\n"
                        "        value(0, 'check(\"decode_flops\", lambda n, t=1: 2 * n * t)')")

@@ -29,8 +29,8 @@ import hashlib
 import hmac
 import importlib.util
 import json
-import os
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -108,20 +108,28 @@ def start(handshake: str) -> None:
     for stream in streams:
         shell.events.register("pre_run_cell", stream.reset)
 
+    # bound now, before any learner code runs: patching json.dumps or hmac.new later changes nothing here
+    dumps, new_mac, sha256, write, flush = json.dumps, hmac.new, hashlib.sha256, results.write, results.flush
+    main_thread, current_thread = threading.main_thread(), threading.current_thread
+    run_exec, run_compile = exec, compile
+
     def record(payload: dict) -> None:
-        text = json.dumps(payload, sort_keys=True)
-        results.write(json.dumps({"payload": text, "mac": sign(secret, text)}) + "\n")
-        results.flush()
-        os.fsync(results.fileno())
+        text = dumps(payload, sort_keys=True)
+        write(dumps({"payload": text, "mac": new_mac(secret, text.encode("utf-8"), sha256).hexdigest()}) + "\n")
+        flush()
 
     busy = []  # non-empty while a check runs: a check called from inside the learner's function is refused
+    done: set[int] = set()  # each check cell runs once: a second call for the same cell records nothing
 
     def run_check_cell(cell: int, source: str) -> None:
+        if cell in done or current_thread() is not main_thread:
+            raise RuntimeError("this check cell has already run")
+        done.add(cell)
         namespace = shell.user_ns
         had, previous = "check" in namespace, namespace.get("check")
 
         def check(exercise: str, fn: Callable, *, verbose: bool = True):
-            if busy:
+            if busy or current_thread() is not main_thread:
                 raise RuntimeError("check() cannot be called while a check is running")
             busy.append(exercise)
             try:
@@ -133,7 +141,7 @@ def start(handshake: str) -> None:
 
         namespace["check"] = check
         try:
-            exec(compile(source, f"<check cell {cell}>", "exec"), namespace)
+            run_exec(run_compile(source, f"<check cell {cell}>", "exec"), namespace)
         except Exception as e:  # e.g. NameError: the learner's function is not defined
             lines = str(e).strip().splitlines()
             message = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
