@@ -2,7 +2,8 @@
 
 Speculative sampling is exact only if the acceptance rule uses the *same* distributions the tokens were
 drawn from: after temperature, top-k and top-p. So instead of a ``sample(logits)`` that hides them, every
-decoder here first asks :func:`probs_from_logits` for the distribution and then draws from it.
+decoder here first asks :func:`probs_from_logits` for the distribution and then draws from it. (The draft and
+the target need not use the same settings: the draft's only change how often its tokens are accepted.)
 
 Temperature 0 means greedy decoding; its distribution is the one-hot vector at the argmax, so the same
 acceptance rule covers greedy and sampled decoding.
