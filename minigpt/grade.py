@@ -541,7 +541,8 @@ def format_report(g: Graded) -> str:
             out.append("| " + " | ".join(_md(x) for x in cols) + " |")
     problems = [c for c in g.cells if c.problem and c.role != "check"]
     out += ["", "## Problems outside the checks", ""]
-    out += [f"- {c.label} ({'added by you' if c.role == 'added' else c.role}): {c.problem}" for c in problems] or \
+    who = {"learner": "your code", "added": "a cell you added", "given": "given code"}
+    out += [f"- {c.label} ({who.get(c.role, c.role)}): {c.problem}" for c in problems] or \
         ["None: every other cell ran without an error."]
     out += ["", "## Restored cells", ""]
     out += [f"- {r}" for r in g.restored] or ["None: the check cells and given cells were as released."]
