@@ -145,3 +145,28 @@ def test_check_mode_rejects_error_outputs_and_unbalanced_solutions(tmp_path, cap
     _solution_notebook(sol / "a.ipynb", SOLVED.replace("    ### END SOLUTION\n", ""))
     assert run(sol, ex, check=False) == 1
     assert "never closed" in capsys.readouterr().err
+
+
+def test_generated_cells_carry_their_role_for_the_grader(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("from minigpt.grading import check"),
+                nbformat.v4.new_code_cell(SOLVED),
+                nbformat.v4.new_code_cell('check("decode_flops", f)'),
+                nbformat.v4.new_markdown_cell("text")]
+    out = nbformat.reads(make_exercise(nbformat.writes(nb)), as_version=4)
+    tags = [c.metadata.get("minigpt") for c in out.cells]
+    assert [t and t["role"] for t in tags] == ["given", "learner", "check", None]
+    assert [t["cell"] for t in tags[:3]] == [c.id for c in out.cells[:3]]
+    for sol in sorted((ROOT / "solutions").glob("*.ipynb")):  # every committed exercise: the same rule
+        for cell in nbformat.read(str(ROOT / "exercises" / sol.name), as_version=4).cells:
+            if cell.cell_type == "code":
+                role = cell.metadata["minigpt"]["role"]
+                assert (role == "learner") == ("raise NotImplementedError(" in cell.source), (sol.name, cell.id)
+                assert (role == "check") == ('check("' in cell.source and role != "learner"), (sol.name, cell.id)
+
+
+def test_a_check_call_may_not_share_a_cell_with_a_region():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(SOLVED + '\ncheck("decode_flops", f)')]
+    with pytest.raises(MarkerError, match="cell of its own"):
+        make_exercise(nbformat.writes(nb))
