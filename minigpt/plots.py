@@ -4,6 +4,7 @@ Every plotting function draws into ``ax`` when one is given (so lessons can lay 
 returns the axes it drew on. Matplotlib is imported lazily: importing :mod:`minigpt` never needs a display.
 
 * :func:`token_label`, :func:`show_tokens`  -- what tokens look like (whitespace made visible);
+* :func:`show_accepted`                     -- a generated text, drafted-and-accepted runs vs target-made tokens;
 * :func:`plot_distribution`                 -- bars of the most likely next tokens;
 * :func:`plot_lines`                        -- a measurement against a knob, one line per series;
 * :func:`heatmap`                           -- a matrix (attention weights, masks, acceptance tables);
@@ -68,6 +69,56 @@ def show_tokens(text: str, tokenizer, as_html: bool = True, max_tokens: int | No
     return HTML('<div style="font-family:monospace;line-height:1.7;white-space:pre-wrap;color:#000">'
                 + "".join(spans) + tail + f'<div style="color:#888">{len(ids)} tokens, '
                 f'{len(text.encode("utf-8"))} bytes</div></div>')
+
+
+DRAFTED_COLOUR, TARGET_COLOUR = "#c8f0c0", "#ffe0b0"  # show_accepted: drafted-and-accepted vs target-made
+
+
+def show_accepted(tokens, record, tokenizer=None, as_html: bool = True, legend: bool = True):
+    """A generated text with its accepted runs visible: tokens the drafter proposed and the target accepted,
+    against tokens the target made itself (a plain step, the bonus token after a full accept, the replacement
+    at a rejection).
+
+    tokens: output token ids (with ``tokenizer``, anything with ``decode(ids) -> str``) or one string per
+    token. record: a :class:`~minigpt.decoding.DecodeStats` (its ``from_draft``) or a list of booleans, one per
+    token, True for drafted-and-accepted. ``as_html=True`` returns an ``IPython.display.HTML`` object
+    (drafted tokens on green, target-made ones on orange); otherwise a plain string in which each run of
+    drafted-and-accepted tokens is wrapped in brackets ``[...]`` (for terminals and tests). A multi-byte
+    character split across tokens is shown with the token that completes it."""
+    flags = [bool(f) for f in getattr(record, "from_draft", record)]
+    if len(flags) != len(tokens):
+        raise ValueError(f"{len(tokens)} tokens but a record of {len(flags)}: pass the stats of this one call")
+    if tokens and not isinstance(tokens[0], str):
+        if tokenizer is None:
+            raise ValueError("token ids need a tokenizer (anything with decode) to be shown as text")
+        from .chat import IncrementalText
+        inc = IncrementalText(lambda ids: tokenizer.decode(ids))
+        texts = [inc.feed([t]) for t in tokens]
+        if texts:
+            texts[-1] += inc.flush()
+    else:
+        texts = list(tokens)
+    runs: list[tuple[bool, str]] = []  # consecutive tokens of the same origin, joined
+    for flag, text in zip(flags, texts):
+        if runs and runs[-1][0] == flag:
+            runs[-1] = (flag, runs[-1][1] + text)
+        else:
+            runs.append((flag, text))
+    n_drafted = sum(flags)
+    summary = (f"{n_drafted} of {len(flags)} tokens drafted and accepted, {len(flags) - n_drafted} made by the "
+               f"target")
+    if not as_html:
+        body = "".join(f"[{text}]" if flag else text for flag, text in runs)
+        return body + (f"\n({summary}; [...] = drafted and accepted)" if legend else "")
+    from IPython.display import HTML
+    spans = "".join(f'<span title="{"drafted and accepted" if flag else "made by the target"}" style="background:'
+                    f'{DRAFTED_COLOUR if flag else TARGET_COLOUR};border-radius:2px">{html.escape(text)}</span>'
+                    for flag, text in runs)
+    key = (f'<div style="color:#555;font-family:sans-serif;font-size:90%">{summary}: '
+           f'<span style="background:{DRAFTED_COLOUR}">drafted and accepted</span> '
+           f'<span style="background:{TARGET_COLOUR}">made by the target</span></div>') if legend else ""
+    return HTML('<div style="font-family:monospace;line-height:1.6;white-space:pre-wrap;color:#000">'
+                + spans + "</div>" + key)
 
 
 def plot_distribution(probs, tokenizer, top: int = 20, ax=None, ids: Sequence[int] | None = None,

@@ -62,3 +62,35 @@ def test_streaming_stops_where_the_output_does(name):
     out, stats = DECODERS[name](prompt, 30, eos_id=eos, on_tokens=pieces.append)
     assert out[-1] == eos and [t for piece in pieces for t in piece] == out
     assert len(stats.from_draft) == len(out) and sum(stats.from_draft) <= stats.accepted
+
+
+# ---- the view of the record: minigpt.plots.show_accepted ---------------------------------------------------
+class ByteTokenizer:
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_show_accepted_brackets_the_drafted_runs():
+    from minigpt.plots import show_accepted
+    assert show_accepted(list("abcd"), [True, True, False, True], as_html=False, legend=False) == "[ab]c[d]"
+    assert show_accepted(list("xy"), [False, False], as_html=False).startswith(
+        "xy\n(0 of 2 tokens drafted and accepted")
+    ids = list("é<b>".encode("utf-8"))                 # a two-byte character split across two tokens
+    assert show_accepted(ids, [True, True, False, False, False], ByteTokenizer(), as_html=False,
+                         legend=False) == "[é]<b>"
+    with pytest.raises(ValueError, match="record"):
+        show_accepted(list("ab"), [True])
+
+
+def test_show_accepted_on_a_real_decoding():
+    from minigpt.plots import DRAFTED_COLOUR, TARGET_COLOUR, show_accepted
+    target = random_model(5, vocab_size=256, n_layer=2, block_size=96)
+    prompt = list(b"<a><b><c><a><b><c><a><b>")
+    out, stats = lookup_generate(target, prompt, 40, adaptive=True, num_pred=2)
+    assert 0 < stats.accepted < len(out)
+    text = show_accepted(out, stats, ByteTokenizer(), as_html=False, legend=False)
+    unbracket = lambda t: t.replace("[", "").replace("]", "")  # noqa: E731
+    assert unbracket(text) == unbracket(ByteTokenizer().decode(out)) and text.count("[") >= 1
+    page = show_accepted(out, stats, ByteTokenizer()).data
+    assert DRAFTED_COLOUR in page and TARGET_COLOUR in page
+    assert f"{stats.accepted} of {len(out)} tokens drafted and accepted" in page
