@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from minigpt.decoding.verify import accept_tree_sampled, children_of, residual_distribution
+from minigpt.exactness import accept_tree_per_path
 from minigpt.grading import EXERCISES, check
 from minigpt.grading import ex07, ex08
 from minigpt.grading.core import tv_bound, tv_distance
@@ -25,7 +26,6 @@ def graded_functions(notebook: Path) -> dict:
     """Execute only the graded cells (solution markers, or stubs) and their imports; return the namespace."""
     nb = nbformat.read(str(notebook), as_version=4)
     namespace: dict = {"torch": torch}
-    exec("from minigpt.decoding.verify import children_of", namespace)
     for cell in nb.cells:
         if cell.cell_type == "code" and ("### BEGIN SOLUTION" in cell.source or "NotImplementedError" in cell.source):
             exec(compile(cell.source, notebook.name, "exec"), namespace)
@@ -69,27 +69,7 @@ def _walk(tokens, parents, q, p, g, *, update="residual", fallback="current", de
         node = c
 
 
-def per_path_rule(tokens, parents, q, p, generator=None):
-    """Lesson 05's biased rule: verify every root-to-leaf path alone with the chain rule, keep the longest."""
-    g, best = generator, None
-    for leaf in [i for i in range(len(tokens)) if i not in parents]:
-        branch, node = [], leaf
-        while node > 0:
-            branch.insert(0, node)
-            node = parents[node]
-        acc, node, last = [], 0, None
-        for c in branch:
-            if float(torch.rand((), generator=g)) < min(1.0, float(p[node, tokens[c]] / q[c, tokens[c]])):
-                acc.append(c)
-                node = c
-            else:
-                last = _sample(residual_distribution(p[node], q[c]), g)
-                break
-        if last is None:
-            last = _sample(p[node], g)
-        if best is None or len(acc) > len(best[0]):
-            best = (acc, last)
-    return best
+per_path_rule = accept_tree_per_path  # Lesson 05's biased rule: each root-to-leaf path alone, the longest kept
 
 
 def no_residual_between_siblings(tokens, parents, q, p, generator=None):
@@ -158,20 +138,20 @@ def tokens_precedence(alpha, gamma):
     return gamma + 1.0 if alpha == 1 else (1 - alpha ** gamma + 1) / (1 - alpha)
 
 
-def speedup_draft_cost_not_times_gamma(alpha, gamma, c, verify_cost=1.0):
-    return ex08.reference_expected_tokens(alpha, gamma) / (c + verify_cost)
+def speedup_draft_cost_not_times_gamma(alpha, gamma, c, r_verify=1.0):
+    return ex08.reference_expected_tokens(alpha, gamma) / (c + r_verify)
 
 
-def speedup_ignores_verify_cost(alpha, gamma, c, verify_cost=1.0):
+def speedup_ignores_r_verify(alpha, gamma, c, r_verify=1.0):
     return ex08.reference_expected_tokens(alpha, gamma) / (gamma * c + 1)
 
 
-def speedup_gamma_plus_1_draft_passes(alpha, gamma, c, verify_cost=1.0):
-    return ex08.reference_expected_tokens(alpha, gamma) / ((gamma + 1) * c + verify_cost)
+def speedup_gamma_plus_1_draft_passes(alpha, gamma, c, r_verify=1.0):
+    return ex08.reference_expected_tokens(alpha, gamma) / ((gamma + 1) * c + r_verify)
 
 
-def speedup_upside_down(alpha, gamma, c, verify_cost=1.0):
-    return (gamma * c + verify_cost) / ex08.reference_expected_tokens(alpha, gamma)
+def speedup_upside_down(alpha, gamma, c, r_verify=1.0):
+    return (gamma * c + r_verify) / ex08.reference_expected_tokens(alpha, gamma)
 
 
 def _speeds(alpha, c, r, gamma_max):
@@ -211,7 +191,7 @@ WRONG = {
                               tree_ignores_generator, residual_written_into_p],
     "expected_tokens": [exponent_gamma_not_gamma_plus_1, tokens_forgot_bonus_token, tokens_divide_by_zero_at_alpha_1,
                         tokens_limit_ignores_gamma, tokens_precedence],
-    "speedup": [speedup_draft_cost_not_times_gamma, speedup_ignores_verify_cost, speedup_gamma_plus_1_draft_passes,
+    "speedup": [speedup_draft_cost_not_times_gamma, speedup_ignores_r_verify, speedup_gamma_plus_1_draft_passes,
                 speedup_upside_down],
     "best_gamma": [best_gamma_returns_index, best_gamma_ties_to_largest, best_gamma_excludes_gamma_max,
                    best_gamma_ignores_r, best_gamma_returns_speedup],

@@ -20,13 +20,14 @@ import numbers
 import torch
 
 from ..decoding.verify import accept_tree_greedy, accept_tree_sampled, children_of
+from ..exactness import toy_tree
 from .core import Exercise, Mismatch, expect_distribution, expect_token_list, tv_distance
 from .helpers import call_unchanged, expect_reproducible, pick_hint
 
 NOTEBOOK = "ex07_tree_sampling.ipynb"
 V = 6
 
-# Lesson 05's toy language: 4 tokens, the next-token distribution depends on the previous token
+# Lesson 05's toy language (section 6): 4 tokens, the next-token distribution depends on the previous token
 TOY_P = torch.tensor([[0.10, 0.20, 0.30, 0.40], [0.55, 0.15, 0.15, 0.15],
                       [0.05, 0.05, 0.60, 0.30], [0.25, 0.25, 0.25, 0.25]])
 TOY_Q = torch.tensor([[0.50, 0.30, 0.10, 0.10], [0.10, 0.10, 0.40, 0.40],
@@ -257,13 +258,7 @@ def _iid_siblings(fn):
 
 def _toy_tree(g: torch.Generator):
     """Lesson 05's toy tree: two draft samples under the root, two under each of them."""
-    tokens, parents = [0], [-1]
-    for parent in (0, 0, 1, 1, 2, 2):
-        tokens.append(int(torch.multinomial(TOY_Q[tokens[parent]], 1, generator=g)))
-        parents.append(parent)
-    q = torch.stack([TOY_Q[tokens[p]] if p >= 0 else TOY_Q[0] for p in parents])
-    p = torch.stack([TOY_P[t] for t in tokens])
-    return tokens, parents, q, p
+    return toy_tree(TOY_P, TOY_Q, 0, g)
 
 
 @step.case("Lesson 05's toy tree: the first two output tokens follow P(a | root) P(b | a)", 3,

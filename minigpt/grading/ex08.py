@@ -1,15 +1,15 @@
-"""Checks for exercise 08: the speed-up model of chain speculative decoding (Lesson 04, section 5).
+"""Checks for exercise 08: the speed-up model of chain speculative decoding (Lesson 04b, sections 2 and 3).
 
-Notation as in Lesson 04 and the course's vocabulary: α is the probability that a drafted token is accepted
+Notation as in Lesson 04b and the course's vocabulary: α is the probability that a drafted token is accepted
 (acceptances independent), γ the drafted tokens per round, c the cost of one draft pass as a fraction of a
 one-token target step, r(k) the cost of a target pass over k tokens in one-token steps (r(1) = 1; a round's
-verification pass scores γ + 1 tokens, so it costs ``verify_cost = r(γ + 1)``, 1 when memory-bound).
+verification pass scores γ + 1 tokens, so it costs ``r_verify = r(γ + 1)``, 1 when memory-bound).
 
 * ``expected_tokens(alpha, gamma)`` = Σ_{k=0..γ} α^k = (1 − α^(γ+1)) / (1 − α), and γ + 1 when α = 1;
-* ``speedup(alpha, gamma, c, verify_cost=1.0)`` = expected_tokens / (γ·c + verify_cost);
+* ``speedup(alpha, gamma, c, r_verify=1.0)`` = expected_tokens / (γ·c + r_verify);
 * ``best_gamma(alpha, c, r=None, gamma_max=24)``: the γ in 1..gamma_max with the largest
   ``speedup(alpha, γ, c, r(γ + 1))``, the smallest such γ on a tie (Python's ``max`` over ``range(1, gamma_max + 1)``,
-  as Lesson 04's table does); ``r=None`` means memory-bound verification, r(k) = 1.
+  as Lesson 04b's table does); ``r=None`` means memory-bound verification, r(k) = 1.
 
 The values are checked exactly (relative error 1e-9) and against a simulation of rounds with independent
 Bernoulli(α) acceptances, within a Hoeffding bound that a right formula exceeds with probability below 1e-6.
@@ -32,8 +32,8 @@ def reference_expected_tokens(alpha: float, gamma: int) -> float:
     return float(gamma + 1) if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
-def reference_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
-    return reference_expected_tokens(alpha, gamma) / (gamma * c + verify_cost)
+def reference_speedup(alpha: float, gamma: int, c: float, r_verify: float = 1.0) -> float:
+    return reference_expected_tokens(alpha, gamma) / (gamma * c + r_verify)
 
 
 def reference_best_gamma(alpha: float, c: float, r=None, gamma_max: int = 24) -> int:
@@ -95,8 +95,8 @@ def _tokens_case(fn, calls) -> str:
     return f"{len(calls)} value{'s' if len(calls) > 1 else ''} agree{'' if len(calls) > 1 else 's'}"
 
 
-@tokens.case("Lesson 04's examples: alpha = 0.6, gamma = 3 and alpha = 0.9, gamma = 8", 2,
-             "Lesson 04, section 5: the round emits A + 1 tokens, and P(A >= k) = alpha^k")
+@tokens.case("Lesson 04b's examples: alpha = 0.6, gamma = 3 and alpha = 0.9, gamma = 8", 2,
+             "Lesson 04b, section 2: the round emits A + 1 tokens, and P(A >= k) = alpha^k")
 def _tokens_lesson(fn):
     return _tokens_case(fn, [(0.6, 3), (0.9, 8)])
 
@@ -114,7 +114,7 @@ def _tokens_alpha_one(fn):
 
 
 @tokens.case("long drafts approach the limit 1 / (1 - alpha) from below", 1,
-             "Lesson 04, section 5: the sum is 1 + alpha + ... + alpha^gamma")
+             "Lesson 04b, section 2: the sum is 1 + alpha + ... + alpha^gamma")
 def _tokens_limit(fn):
     return _tokens_case(fn, [(0.5, 40), (0.8, 60), (0.95, 200)])
 
@@ -137,9 +137,9 @@ def _tokens_simulated(fn):
     return "4 settings agree with the simulation; " + worst
 
 
-# ---- speedup(alpha, gamma, c, verify_cost=1.0) ------------------------------------------------------------------
+# ---- speedup(alpha, gamma, c, r_verify=1.0) ------------------------------------------------------------------
 
-speed = Exercise("speedup", NOTEBOOK, "expected tokens per round over the round's cost gamma * c + verify_cost, "
+speed = Exercise("speedup", NOTEBOOK, "expected tokens per round over the round's cost gamma * c + r_verify, "
                  "in one-token target steps")
 
 _SPEEDUP_BUGS = [
@@ -147,12 +147,12 @@ _SPEEDUP_BUGS = [
                                                                   "draft's cost is γ·c, not c"),
     (lambda a, g, c, v: reference_expected_tokens(a, g) / ((g + 1) * c + v), "the draft makes γ passes per round "
                                                                             "(γ·c), not γ + 1"),
-    (lambda a, g, c, v: reference_expected_tokens(a, g) / (g * c + 1), "verify_cost (r(γ + 1), the cost of the "
+    (lambda a, g, c, v: reference_expected_tokens(a, g) / (g * c + 1), "r_verify (r(γ + 1), the cost of the "
                                                                       "verification pass) is not used: the round "
-                                                                      "costs γ·c + verify_cost"),
+                                                                      "costs γ·c + r_verify"),
     (lambda a, g, c, v: reference_expected_tokens(a, g) / (g * c), "the round also pays one target pass "
-                                                                  "(verify_cost): γ·c + verify_cost"),
-    (lambda a, g, c, v: reference_expected_tokens(a, g) / (g * c * v), "the costs add up: γ·c + verify_cost, "
+                                                                  "(r_verify): γ·c + r_verify"),
+    (lambda a, g, c, v: reference_expected_tokens(a, g) / (g * c * v), "the costs add up: γ·c + r_verify, "
                                                                       "not a product"),
     (lambda a, g, c, v: (reference_expected_tokens(a, g) - 1) / (g * c + v), "the accepted drafts are not all "
                                                                             "the tokens: add the target's token "
@@ -187,20 +187,20 @@ def _speedup_case(fn, calls) -> str:
     return f"{len(calls)} value{'s' if len(calls) > 1 else ''} agree{'' if len(calls) > 1 else 's'}"
 
 
-@speed.case("Lesson 04's free verification: alpha = 0.8, c = 0.1, gamma = 1, 4, 8", 2,
-            "Lesson 04, section 5: the speed-up is expected tokens per round / cost of the round")
+@speed.case("free verification (r = 1): alpha = 0.8, c = 0.1, gamma = 1, 4, 8", 2,
+            "Lesson 04b, section 3: the speed-up is expected tokens per round / cost of the round")
 def _speed_lesson(fn):
     return _speedup_case(fn, [(0.8, 1, 0.1), (0.8, 4, 0.1), (0.8, 8, 0.1)])
 
 
 @speed.case("a free draft (c = 0): the speed-up is the expected tokens per round", 1,
-            "with c = 0 and verify_cost = 1 a round costs one target pass")
+            "with c = 0 and r_verify = 1 a round costs one target pass")
 def _speed_free(fn):
     return _speedup_case(fn, [(0.7, 3, 0.0), (0.5, 6, 0.0)])
 
 
 @speed.case("the verification cost r(gamma + 1) is used", 2,
-            "the round's target pass scores gamma + 1 tokens and costs verify_cost = r(gamma + 1) one-token "
+            "the round's target pass scores gamma + 1 tokens and costs r_verify = r(gamma + 1) one-token "
             "steps (the docstring)")
 def _speed_verify(fn):
     return _speedup_case(fn, [(0.8, 4, 0.1, 1.6), (0.6, 2, 0.3, 1.2), (0.9, 7, 0.05, 2.5)])
@@ -212,14 +212,14 @@ def _speed_no_gain(fn):
     return _speedup_case(fn, [(1.0, 3, 1.0), (1.0, 6, 1.0)])
 
 
-@speed.case("verify_cost defaults to 1.0 (memory-bound verification)", 1,
-            "keep the signature speedup(alpha, gamma, c, verify_cost=1.0)")
+@speed.case("r_verify defaults to 1.0 (memory-bound verification)", 1,
+            "keep the signature speedup(alpha, gamma, c, r_verify=1.0)")
 def _speed_default(fn):
     return _speedup_case(fn, [(0.75, 5, 0.2)])
 
 
 @speed.case("agrees with a simulated decoding run (200000 rounds)", 1,
-            "simulate it: each round costs gamma * c + verify_cost target steps and emits its tokens; plain "
+            "simulate it: each round costs gamma * c + r_verify target steps and emits its tokens; plain "
             "decoding costs one step per token")
 def _speed_simulated(fn):
     rng = random.Random(811)
@@ -274,8 +274,8 @@ def _best_case(fn, alpha, c, r=None, gamma_max=24, label=None) -> int:
     return got
 
 
-@best.case("Lesson 04's table: five (alpha, c) settings, gamma up to 24", 2,
-           "Lesson 04, section 5: try every gamma from 1 to gamma_max and keep the fastest")
+@best.case("Lesson 04b's table: five (alpha, c) settings, gamma up to 24", 2,
+           "Lesson 04b, section 3: try every gamma from 1 to gamma_max and keep the fastest")
 def _best_lesson(fn):
     got = [_best_case(fn, a, c) for a, c in ((0.9, 0.05), (0.7, 0.05), (0.5, 0.05), (0.8, 0.3), (0.8, 1.0))]
     return f"best gammas {got}"
