@@ -255,6 +255,18 @@ def copy_accuracy(model, prompts) -> float:
     return hits / max(total, 1)
 
 
+@torch.no_grad()
+def repeat_accuracy(model, span: int = 40, rows: int = 16, seed: int = 0) -> float:
+    """Top-1 accuracy on the second copy of a span of random tokens: near 0 without induction heads (nothing
+    else can predict random tokens), near 1 once the model copies from its context."""
+    model.eval()
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(model.config.vocab_size, (rows, span), generator=g)
+    seq = torch.cat([x, x], 1).to(next(model.parameters()).device)
+    pred = model(seq[:, :-1]).argmax(-1)[:, span:]
+    return float((pred == seq[:, span + 1:]).float().mean())
+
+
 if __name__ == "__main__":
     exs = build_examples()
     counts = {k: sum(e.kind == k for e in exs) for k in KINDS}

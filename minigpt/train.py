@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .checkpoint import PACKAGE_CHECKPOINTS, load_model, read_checkpoint, save_checkpoint
-from .copydata import copy_accuracy, copy_batch, example_starts, load_copy_tokens
+from .copydata import copy_accuracy, copy_batch, example_starts, load_copy_tokens, repeat_accuracy
 from .data import get_batch, load_tokens
 from .model import GPT, GPTConfig
 from .prompts import edit_prompts
@@ -167,6 +167,8 @@ def main(argv=None) -> None:
     ap.add_argument("--init", type=Path, help="start a new run from these weights (e.g. the shipped target)")
     ap.add_argument("--copy-mix", type=float, default=0.0,
                     help="fraction of each batch drawn from copy-heavy examples (minigpt.copydata)")
+    ap.add_argument("--random-repeat", type=float, default=0.125,
+                    help="share of the copy rows that are random tokens repeated (induction-head data)")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate (overrides the preset)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps (overrides the preset)")
     ap.add_argument("--minutes", type=float, default=None, help="stop after this much wall time (resumable)")
@@ -227,7 +229,7 @@ def main(argv=None) -> None:
         x, y = get_batch(train_data, lead.preset.batch_size - n_copy, lead.preset.block_size, g)
         if n_copy:
             cx, cy = copy_batch(copy_train, copy_starts, n_copy, lead.preset.block_size, g,
-                                vocab_size=lead.preset.config.vocab_size)
+                                random_repeat=args.random_repeat, vocab_size=lead.preset.config.vocab_size)
             x, y = torch.cat([x, cx]), torch.cat([y, cy])
         soft = None
         if teacher is not None:
@@ -247,7 +249,9 @@ def main(argv=None) -> None:
                                       train_loss=round(losses[r.name], 4), val_loss=round(val[r.name], 4)))
                 if copy_val is not None:
                     r.history[-1].update(copy_val_loss=round(evaluate(r.model, copy_val, r.preset.block_size), 4),
-                                         copy_accuracy=round(copy_accuracy(r.model, edit_prompts(24)), 4))
+                                         copy_accuracy=round(copy_accuracy(r.model, edit_prompts(24)), 4),
+                                         repeat_accuracy=round(repeat_accuracy(r.model), 4))
+                    r.model.train()
                     print(f"[{r.name}] step {r.step}: {r.history[-1]}", flush=True)
                 r.save()
         bar.set_postfix({f"{n}_loss": f"{v:.3f}" for n, v in losses.items()} |
@@ -271,7 +275,7 @@ def main(argv=None) -> None:
             if args.init:
                 extra["continued_from"] = str(args.init)
             if args.copy_mix:
-                extra["copy_mix"] = args.copy_mix
+                extra.update(copy_mix=args.copy_mix, random_repeat=args.random_repeat)
             print(f"[{r.name}] exported to {export(r, v, extra)}")
 
 
