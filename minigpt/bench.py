@@ -276,6 +276,7 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
             return dict(n_prompts=len(idx), new_tokens=sum(len(outputs[n][i]) for i in idx),
                         tokens_per_target_pass=_finite(sk.tokens_per_target_pass),
                         acceptance_rate=_finite(sk.acceptance_rate) if sk.tested else None,
+                        share_of_proposed_accepted=_finite(sk.share_of_proposed_accepted) if sk.proposed else None,
                         time_s_median=statistics.median(tk), speedup_vs_plain=statistics.median(spk),
                         speedup_min=min(spk), speedup_max=max(spk),
                         identical_to_plain_greedy=all(identical[n][i] for i in idx))
@@ -292,6 +293,7 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
             target_passes=s.target_passes, draft_passes=s.draft_passes, rounds=s.rounds,
             tokens_per_target_pass=_finite(s.tokens_per_target_pass),
             acceptance_rate=_finite(s.acceptance_rate) if s.tested else None,
+            share_of_proposed_accepted=_finite(s.share_of_proposed_accepted) if s.proposed else None,
             tokens_per_s=statistics.median(tps), tokens_per_s_min=min(tps), tokens_per_s_max=max(tps),
             time_s_median=statistics.median(total_times), time_s_min=min(total_times), time_s_max=max(total_times),
             speedup_vs_plain=statistics.median(speedups), speedup_min=min(speedups), speedup_max=max(speedups),
@@ -348,7 +350,7 @@ def format_table(records: list[dict]) -> str:
                              f"{'' if g['identical_to_plain_greedy'] else '   NOT identical'}")
     lines.append(f"{r0['n_prompts']} prompts, {r0['max_new_tokens']} new tokens each (at most), greedy, "
                  f"{r0['repeats']} repeats (medians), device {r0['device']}, {r0['dtype']}, "
-                 f"{r0['torch_threads']} threads")
+                 f"{r0['torch_threads']} threads; alpha = accepted / tested drafted tokens")
     return "\n".join(lines)
 
 

@@ -4,7 +4,7 @@ Three kinds, all cut from the validation files of :mod:`minigpt.data` (never see
 
 * :func:`code_prompts`  -- a window of code ending at a line break, followed in the file by more code;
 * :func:`prose_prompts` -- a window ending a few words into a docstring or comment, so the natural
-  continuation is English, not Python (acceptance rates differ a lot between the two);
+  continuation is English, not Python (alpha, accepted / tested drafted tokens, differs a lot between the two);
 * :func:`edit_prompts`  -- "here is a function, now the same function with one name changed": continuing
   means mostly copying from the prompt, the case where prompt lookup shines.
 

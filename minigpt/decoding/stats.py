@@ -38,8 +38,14 @@ class DecodeStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """alpha: accepted / tested drafted tokens."""
+        """alpha: accepted / tested drafted tokens -- the course's one meaning of alpha and of "acceptance rate"."""
         return self.accepted / self.tested if self.tested else float("nan")
+
+    @property
+    def share_of_proposed_accepted(self) -> float:
+        """accepted / proposed drafted tokens: the share of proposed tokens accepted. Not alpha: the tokens
+        proposed after a rejection are never tested, so this is lower wherever long proposals fail early."""
+        return self.accepted / self.proposed if self.proposed else float("nan")
 
     @property
     def tokens_per_target_pass(self) -> float:
@@ -58,7 +64,8 @@ class DecodeStats:
         d = asdict(self)
         d.pop("gammas")
         d.pop("from_draft")
-        d.update(acceptance_rate=self.acceptance_rate, tokens_per_target_pass=self.tokens_per_target_pass,
+        d.update(acceptance_rate=self.acceptance_rate, share_of_proposed_accepted=self.share_of_proposed_accepted,
+                 tokens_per_target_pass=self.tokens_per_target_pass,
                  tokens_per_s=self.tokens_per_s)
         return d
 
