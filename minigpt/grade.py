@@ -218,7 +218,9 @@ def assemble(submission, release) -> tuple[list[RunCell], list[str], list[str]]:
                     notes.append(f"{label} ({what}) was edited outside its solution region: kept as written")
         else:
             cells.append(RunCell(role, rc.source, label, names))
-            if j is None:
+            if not rc.source.strip():
+                pass  # an empty cell: nothing to restore
+            elif j is None:
                 restored.append(f"{label} ({what}): missing or edited in the submission, the release's version ran")
             elif _lines(sub_cells[j].source) != _lines(rc.source):
                 restored.append(f"{label} ({what}): edited in the submission, the release's version ran")
@@ -579,6 +581,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--timeout and --notebook-timeout must be positive")
     if args.release is not None and not args.release.is_dir():
         parser.error(f"--release {args.release}: no such folder")
+    if args.release is None and not (ROOT / "exercises").is_dir():
+        parser.error(f"no release folder {ROOT / 'exercises'} (minigpt is installed without the course): "
+                     "pass --release DIR")
     graded = grade_all(Path(args.path), args.timeout, args.notebook_timeout, args.release)
     rows = [row for g in graded for row in g.rows]
     print(format_table(rows))
