@@ -23,6 +23,8 @@ NAME = "ex02_memory_bound.ipynb"
 FORGED = '[[minigpt-grade]] {{"exercise": "{0}", "points": {1}, "max": {1}, "status": "full marks", "failed": []}}'
 EX02 = [name for name, ex in EXERCISES.items() if ex.notebook == NAME]
 
+pytestmark = pytest.mark.slow  # every test starts one or two kernels (a few seconds each, more on a busy machine)
+
 
 def _grade(*args, timeout: float = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "minigpt.grade", *map(str, args)], cwd=ROOT, capture_output=True,

@@ -635,7 +635,8 @@ def test_grade_command_survives_bad_notebooks(tmp_path):
     assert rows["raises.ipynb", "weight_bytes"]["points"] == 0
     detail = {(Path(g["notebook"]).name, e["exercise"]): e for g in json.loads(report.read_text())["notebooks"]
               for e in g["exercises"]}
-    assert all("NameError: name 'undefined_name'" in c["received"] for c in detail["raises.ipynb", "weight_bytes"]["cases"])
+    cases = detail["raises.ipynb", "weight_bytes"]["cases"]
+    assert cases and all("NameError: name 'undefined_name'" in c["received"] for c in cases)
     status = rows["raises.ipynb", "ridge_point"]["status"]
     assert "no score: the check cell raised NameError" in status and "SyntaxError at line 2" in status, status
     assert rows["raises.ipynb", "ridge_point"]["max"] == EXERCISES["ridge_point"].max_points

@@ -15,8 +15,9 @@ metadata are cleared; everything else is kept as it is, and every code cell gets
 uses to match a submission's cells with the release's, ``metadata.minigpt = {"cell": <id>, "role": <role>}``:
 the role is ``"learner"`` for a cell with a solution region, ``"check"`` for a cell that calls ``check(...)``
 (it may not also hold a region), ``"given"`` for every other code cell; the id is the cell's nbformat id (or
-``cell-<n>`` for notebooks older than nbformat 4.5). The roles come from the content, so nobody writes them. The JSON is written the way nbformat writes it
-(sorted keys, indent 1, trailing newline), so generating twice gives the same bytes.
+``cell-<n>`` for notebooks older than nbformat 4.5). The roles come from the content, so nobody writes them.
+The JSON is written the way nbformat writes it (sorted keys, indent 1, trailing newline), so generating twice
+gives the same bytes.
 
 ``--check`` writes nothing: it exits 1 naming every exercise that is missing or out of date, every region that
 is not closed, and every solution notebook with stray outputs (error outputs, unexecuted cells, paths of the
