@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STUB_LINE = re.compile(r"^[ \t]*raise NotImplementedError\(.*\)[ \t]*$")
 STREAM_LIMIT = 64 * 1024  # characters of stdout + stderr kept per cell (kernel side and grader side)
 RESULTS_READ_LIMIT = 4 * 1024 * 1024  # bytes of result lines read back per check cell
+NOTEBOOK_SIZE_LIMIT = 100 * 1024 * 1024  # a submission file larger than this is not read (saved outputs count)
 
 
 @dataclass
@@ -433,6 +434,10 @@ def grade_notebook(path: Path, display: str, timeout: float, notebook_timeout: f
         return graded
     if path.suffix != ".ipynb":
         graded.rows = [Row(display, "-", 0, None, "not a notebook (expected a .ipynb file)")]
+        return graded
+    if path.stat().st_size > NOTEBOOK_SIZE_LIMIT:
+        graded.rows = [Row(display, "-", 0, None, f"not graded: the file is larger than "
+                                                  f"{NOTEBOOK_SIZE_LIMIT // 2**20} MB (clear its outputs)")]
         return graded
     try:
         submission = _read_notebook(path)
