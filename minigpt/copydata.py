@@ -66,6 +66,11 @@ class Example:
         return self.prompt + self.copy
 
 
+def _gap(rng: random.Random) -> str:
+    """The blank lines between a source and its instruction: one or two, as people write them."""
+    return rng.choice(("\n", "\n\n"))
+
+
 def _functions(text: str) -> list[str]:
     """Every function of a module's source that parses on its own once dedented."""
     try:
@@ -113,7 +118,7 @@ def rename_example(src: str, rng: random.Random) -> Example | None:
     copy = _replace_names(src, old, new)
     if copy == src:
         return None
-    return Example("rename", src, f"{src}\n{rng.choice(RENAME_PHRASES).format(old=old, new=new)}\n", copy)
+    return Example("rename", src, f"{src}{_gap(rng)}{rng.choice(RENAME_PHRASES).format(old=old, new=new)}\n", copy)
 
 
 def docstring_example(src: str, rng: random.Random, docstrings: list[str]) -> Example | None:
@@ -130,7 +135,7 @@ def docstring_example(src: str, rng: random.Random, docstrings: list[str]) -> Ex
         ast.parse(copy)
     except SyntaxError:
         return None
-    return Example("docstring", src, f"{src}\n{rng.choice(DOCSTRING_PHRASES)}\n", copy)
+    return Example("docstring", src, f"{src}{_gap(rng)}{rng.choice(DOCSTRING_PHRASES)}\n", copy)
 
 
 def line_example(src: str, rng: random.Random) -> Example | None:
@@ -149,16 +154,16 @@ def line_example(src: str, rng: random.Random) -> Example | None:
     line = lines[row - 1].strip()
     if "`" in line or len(line) > 60 or sum(ln.strip() == line for ln in lines) > 1:
         return None  # the instruction must name the line unambiguously, and fit on one comment line
-    return Example("line", src, f"{src}\n{rng.choice(LINE_PHRASES).format(line=line)}\n", copy)
+    return Example("line", src, f"{src}{_gap(rng)}{rng.choice(LINE_PHRASES).format(line=line)}\n", copy)
 
 
 def repeat_example(src: str, rng: random.Random) -> Example:
-    return Example("repeat", src, f"{src}\n{rng.choice(REPEAT_PHRASES)}\n", src)
+    return Example("repeat", src, f"{src}{_gap(rng)}{rng.choice(REPEAT_PHRASES)}\n", src)
 
 
 def quote_example(para: str, rng: random.Random) -> Example:
     quoted = "".join(f"> {ln}\n" for ln in para.splitlines())
-    return Example("quote", para, f"{para}\n{rng.choice(QUOTE_PHRASES)}\n", quoted)
+    return Example("quote", para, f"{para}{_gap(rng)}{rng.choice(QUOTE_PHRASES)}\n", quoted)
 
 
 def word_example(para: str, rng: random.Random) -> Example | None:
@@ -167,7 +172,7 @@ def word_example(para: str, rng: random.Random) -> Example | None:
         return None
     old, new = rng.sample(words, 2)
     copy = re.sub(rf"\b{old}\b", new, para)
-    return Example("word", para, f"{para}\n{rng.choice(WORD_PHRASES).format(old=old, new=new)}\n", copy)
+    return Example("word", para, f"{para}{_gap(rng)}{rng.choice(WORD_PHRASES).format(old=old, new=new)}\n", copy)
 
 
 def build_examples(split: str = "train", seed: int = 0, max_function_chars: int = 900) -> list[Example]:
@@ -197,7 +202,7 @@ def load_copy_tokens(split: str = "train", tokenizer=None, seed: int = 0) -> np.
     """The examples of ``split`` tokenized and joined with ``<|endoftext|>``, as uint16 (cached on disk)."""
     from .tokenizer import EOT, load_tokenizer
     enc = tokenizer or load_tokenizer()
-    key = hashlib.sha1(f"{stdlib_root()}|copy-v1|{split}|{seed}|{enc.name}|{enc.n_vocab}".encode()).hexdigest()[:12]
+    key = hashlib.sha1(f"{stdlib_root()}|copy-v2|{split}|{seed}|{enc.name}|{enc.n_vocab}".encode()).hexdigest()[:12]
     path = cache_dir() / f"copy-tokens-{split}-{key}.npy"
     if path.exists():
         return np.load(path)
