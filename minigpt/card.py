@@ -76,6 +76,16 @@ def measure_agreement(target, draft, windows: int = 16, block_size: int = 256) -
     return float((target(x).argmax(-1) == draft(x).argmax(-1)).float().mean())
 
 
+def measure_copying(model, n_prompts: int = 24) -> dict:
+    """How well a model copies from its context: teacher-forced top-1 accuracy on the true copies of held-out
+    edit prompts (a function, then the same function with a name changed), and on the second copy of
+    random tokens (only an induction head can predict those)."""
+    from .copydata import copy_accuracy, repeat_accuracy
+    from .prompts import edit_prompts
+    return dict(edit_prompts=n_prompts, copy_accuracy_on_edit_prompts=round(copy_accuracy(model, edit_prompts(n_prompts)), 4),
+                random_repeat_accuracy=round(repeat_accuracy(model), 4))
+
+
 def _short_paths(x):
     """``x`` with every absolute file path (a string starting with "/") shortened to its last part."""
     if isinstance(x, dict):
@@ -101,6 +111,12 @@ def describe_card(card: dict) -> str:
                      f"{t.get('tokens_seen', 0) / 1e6:.1f}M tokens, validation loss {t.get('val_loss', '?')} nats/token"
                      + (f", distilled from {t['distilled_from']}"
                         if t.get("distilled_from") and not t["distilled_from"].startswith(name) else ""))
+    for name, m in card["models"].items():
+        if m.get("copying"):
+            cp = m["copying"]
+            lines.append(f"{name} copies: top-1 on the true copy of {cp['edit_prompts']} held-out edit prompts "
+                         f"{cp['copy_accuracy_on_edit_prompts']:.1%}, on repeated random tokens "
+                         f"{cp['random_repeat_accuracy']:.1%} (teacher-forced)")
     p = card["pair"]
     lines.append(f"pair, greedy, gamma {p['gamma']}, {p['prompts']} held-out code prompts x "
                  f"{p['new_tokens_per_prompt']} tokens: alpha = {p['acceptance_rate_alpha']:.3f} (accepted / tested "
@@ -121,6 +137,7 @@ def build_card(n_prompts: int, recipe: str | None = None) -> dict:
     for name, model in (("target", target), ("draft", draft)):
         info = json.loads(read_checkpoint(PACKAGE_CHECKPOINTS / f"{name}.pt").get("train_info", "{}"))
         models[name] = dict(config=model.config.to_dict(), params=model.num_params(), training=info)
+    models["target"]["copying"] = measure_copying(target)
     pair = dict(measure_acceptance(target, draft, n_prompts),
                 argmax_agreement_on_held_out_text=round(measure_agreement(target, draft), 4),
                 **measure_cost_ratio(target, draft),
