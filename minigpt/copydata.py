@@ -24,7 +24,6 @@ The instruction comments come in several phrasings, so the model learns to copy,
 from __future__ import annotations
 
 import ast
-import hashlib
 import random
 import re
 import textwrap
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .data import cache_dir, read_text, split_files, stdlib_root
+from .data import cached_token_stream, read_text, split_files, stdlib_root
 from .prompts import _renamable, _replace_names, split_code_and_prose
 
 KINDS = ("rename", "docstring", "line", "repeat", "quote", "word")
@@ -200,20 +199,8 @@ def build_examples(split: str = "train", seed: int = 0, max_function_chars: int 
 
 def load_copy_tokens(split: str = "train", tokenizer=None, seed: int = 0) -> np.ndarray:
     """The examples of ``split`` tokenized and joined with ``<|endoftext|>``, as uint16 (cached on disk)."""
-    from .tokenizer import EOT, load_tokenizer
-    enc = tokenizer or load_tokenizer()
-    key = hashlib.sha1(f"{stdlib_root()}|copy-v2|{split}|{seed}|{enc.name}|{enc.n_vocab}".encode()).hexdigest()[:12]
-    path = cache_dir() / f"copy-tokens-{split}-{key}.npy"
-    if path.exists():
-        return np.load(path)
-    eot = enc.encode_single_token(EOT)
-    ids: list[int] = []
-    for toks in enc.encode_ordinary_batch([ex.text for ex in build_examples(split, seed)], num_threads=2):
-        ids.extend(toks)
-        ids.append(eot)
-    arr = np.asarray(ids, dtype=np.uint16)
-    np.save(path, arr)
-    return arr
+    return cached_token_stream(f"copy-tokens-{split}", f"{stdlib_root()}|copy-v2|{split}|{seed}",
+                               lambda: [ex.text for ex in build_examples(split, seed)], tokenizer)
 
 
 def example_starts(data: np.ndarray, eot: int) -> np.ndarray:

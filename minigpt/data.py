@@ -63,16 +63,24 @@ def load_tokens(split: str, tokenizer=None) -> np.ndarray:
     """All files of a split, tokenized and joined with ``<|endoftext|>`` between files, as uint16.
 
     Cached on disk (keyed by the Python version, the split and the tokenizer) after the first call."""
+    return cached_token_stream(f"tokens-{split}", f"{stdlib_root()}|{split}",
+                               lambda: [read_text(p) for p in split_files(split)], tokenizer)
+
+
+def cached_token_stream(name: str, key: str, texts, tokenizer=None) -> np.ndarray:
+    """The texts returned by ``texts()`` tokenized and joined, each followed by ``<|endoftext|>``, as uint16.
+
+    Saved as ``<cache>/<name>-<hash>.npy``, the hash taken over ``key`` and the tokenizer, and read back from
+    there on later calls (``texts`` is then never called)."""
     from .tokenizer import EOT, load_tokenizer
     enc = tokenizer or load_tokenizer()
-    key = hashlib.sha1(f"{stdlib_root()}|{split}|{enc.name}|{enc.n_vocab}".encode()).hexdigest()[:12]
-    path = cache_dir() / f"tokens-{split}-{key}.npy"
+    digest = hashlib.sha1(f"{key}|{enc.name}|{enc.n_vocab}".encode()).hexdigest()[:12]
+    path = cache_dir() / f"{name}-{digest}.npy"
     if path.exists():
         return np.load(path)
     eot = enc.encode_single_token(EOT)
-    texts = [read_text(p) for p in split_files(split)]
     ids: list[int] = []
-    for toks in enc.encode_ordinary_batch(texts, num_threads=2):
+    for toks in enc.encode_ordinary_batch(list(texts()), num_threads=2):
         ids.extend(toks)
         ids.append(eot)
     arr = np.asarray(ids, dtype=np.uint16)
