@@ -38,7 +38,9 @@ class DecodeStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """alpha: accepted / tested drafted tokens -- the course's one meaning of alpha and of "acceptance rate"."""
+        """alpha: accepted / tested drafted tokens -- the course's one meaning of alpha and of "acceptance rate".
+        After tree rounds (:meth:`add_tree_round`) a tested "token" is a tree level the rule reached, so the
+        same ratio is the trees' level acceptance, not comparable with a chain's alpha."""
         return self.accepted / self.tested if self.tested else float("nan")
 
     @property
