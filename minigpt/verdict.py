@@ -21,12 +21,13 @@ MIN_REPEATS = 5
 
 
 def noise_band(baseline_times: Sequence[float]) -> tuple[float, float]:
-    """``(1 - w, 1 + w)``: how far the baseline's own repeats stray from their median, as a ratio band."""
+    """``(1 - w, 1 + w)``: how far the baseline's own repeats stray from their median, as a ratio band (the lower
+    end held at 0 when a repeat took more than twice the median: a ratio is never negative)."""
     if not baseline_times or min(baseline_times) <= 0:
         raise ValueError("noise_band needs at least one positive baseline time")
     m = statistics.median(baseline_times)
     w = max(max(baseline_times) / m - 1, 1 - min(baseline_times) / m)
-    return 1 - w, 1 + w
+    return max(0.0, 1 - w), 1 + w
 
 
 def verdict_from_range(lowest: float, highest: float, repeats: int, band: tuple[float, float],

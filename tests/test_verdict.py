@@ -13,6 +13,7 @@ def test_noise_band_is_the_baselines_own_spread_symmetric_around_one():
     assert BAND == pytest.approx((0.95, 1.05))
     assert noise_band([2.0, 2.0, 2.0]) == (1.0, 1.0)
     assert noise_band([1.0, 1.0, 1.3]) == pytest.approx((0.7, 1.3))   # the larger side sets the width
+    assert noise_band([1.0, 1.0, 2.85]) == pytest.approx((0.0, 2.85))   # a wild repeat: the band starts at 0
     with pytest.raises(ValueError):
         noise_band([])
 
