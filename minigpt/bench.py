@@ -319,7 +319,7 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
 
 def format_table(records: list[dict]) -> str:
     """A plain-text table of the records."""
-    head = f"{'method':<18}{'gamma':>6}{'tok/pass':>10}{'alpha':>8}{'tok/s (min-max)':>22}" \
+    head = f"{'method':<24}{'gamma':>6}{'tok/pass':>10}{'alpha':>8}{'tok/s (min-max)':>22}" \
            f"{'speedup (min-max)':>22}{'identical':>11}"
     lines = [head, "-" * len(head)]
     for r in records:
@@ -327,7 +327,7 @@ def format_table(records: list[dict]) -> str:
         g = "-" if r["gamma"] is None else str(r["gamma"])
         tps = f"{r['tokens_per_s']:.1f} ({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f})"
         sp = f"{r['speedup_vs_plain']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})"
-        lines.append(f"{r['method']:<18}{g:>6}{r['tokens_per_target_pass']:>10.2f}{a:>8}{tps:>22}{sp:>22}"
+        lines.append(f"{r['method']:<24}{g:>6}{r['tokens_per_target_pass']:>10.2f}{a:>8}{tps:>22}{sp:>22}"
                      f"{str(r['identical_to_plain_greedy']):>11}")
     r0 = records[0]
     for r in records:
@@ -337,7 +337,8 @@ def format_table(records: list[dict]) -> str:
     groups = [(kind, lambda r, k=kind: r["by_kind"][k]) for kind in r0["by_kind"]] if len(r0["by_kind"]) > 1 else []
     for sp, g in r0.get("by_split", {}).items():
         groups.append((sp, lambda r, s=sp: r["by_split"][s]))
-        groups += [(f"{sp} {kind}", lambda r, s=sp, k=kind: r["by_split"][s]["by_kind"][k]) for kind in g["by_kind"]]
+        if len(g["by_kind"]) > 1:
+            groups += [(f"{sp} {kind}", lambda r, s=sp, k=kind: r["by_split"][s]["by_kind"][k]) for kind in g["by_kind"]]
     if groups:
         lines.append("per group: tokens per target pass, alpha, speedup over plain (median, min-max over repeats)")
         for label, get in groups:
