@@ -1,6 +1,7 @@
 """SmolLM2's request sets (kinds, dev and held-out), the benchmark's per-set report, and lookup's replay."""
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
@@ -49,7 +50,8 @@ def test_training_requests_leave_out_both_sets():
     assert not texts & {t for _, t in real.REQUESTS + real.HELD_OUT_REQUESTS}
 
 
-@pytest.mark.skipif(gguf_path() is None, reason="needs the SmolLM2 file (python -m minigpt.smollm fetch)")
+@pytest.mark.skipif(gguf_path() is None or importlib.util.find_spec("gguf") is None,
+                    reason="needs the SmolLM2 file (python -m minigpt.smollm fetch) and gguf (pip install -e \".[real]\")")
 def test_real_prompts_select_kinds_and_sets():
     dev = real.real_prompts(kinds=("edit", "document"))
     held = real.real_prompts(kinds=("edit",), split="held-out", per_kind=2)
