@@ -20,10 +20,11 @@ import statistics
 import torch
 
 from .checkpoint import PACKAGE_CHECKPOINTS, load_pretrained, read_checkpoint
+from .copydata import copy_accuracy, repeat_accuracy
 from .decoding import generate, speculative_generate
 from .decoding.stats import DecodeStats
 from .hardware import forward_time
-from .prompts import code_prompts
+from .prompts import code_prompts, edit_prompts
 
 
 def measure_cost_ratio(target, draft, cached: int = 128, repeat: int = 101) -> dict:
@@ -80,8 +81,6 @@ def measure_copying(model, n_prompts: int = 24) -> dict:
     """How well a model copies from its context: teacher-forced top-1 accuracy on the true copies of held-out
     edit prompts (a function, then the same function with a name changed), and on the second copy of
     random tokens (only an induction head can predict those)."""
-    from .copydata import copy_accuracy, repeat_accuracy
-    from .prompts import edit_prompts
     return dict(edit_prompts=n_prompts, copy_accuracy_on_edit_prompts=round(copy_accuracy(model, edit_prompts(n_prompts)), 4),
                 random_repeat_accuracy=round(repeat_accuracy(model), 4))
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .data import cached_token_stream, read_text, split_files, stdlib_root
+from .model import evaluating
 from .prompts import _renamable, _replace_names, split_code_and_prose
 
 KINDS = ("rename", "docstring", "line", "repeat", "quote", "word")
@@ -234,16 +235,16 @@ def copy_accuracy(model, prompts) -> float:
     """Teacher-forced top-1 accuracy of ``model`` on the true copies of edit prompts: the share of the
     copy's tokens that are the model's argmax given the prompt and the copy so far (a model that copies
     perfectly scores 1)."""
-    model.eval()
     hits = total = 0
     device = next(model.parameters()).device
-    for p in prompts:
-        ids = list(p) + list(p.reference)
-        ids = ids[-model.config.block_size:]
-        n_ref = min(len(p.reference), len(ids) - 1)
-        logits = model(torch.tensor([ids[:-1]], device=device))[0, -n_ref:]
-        hits += int((logits.argmax(-1).cpu() == torch.tensor(ids[-n_ref:])).sum())
-        total += n_ref
+    with evaluating(model):
+        for p in prompts:
+            ids = list(p) + list(p.reference)
+            ids = ids[-model.config.block_size:]
+            n_ref = min(len(p.reference), len(ids) - 1)
+            logits = model(torch.tensor([ids[:-1]], device=device))[0, -n_ref:]
+            hits += int((logits.argmax(-1).cpu() == torch.tensor(ids[-n_ref:])).sum())
+            total += n_ref
     return hits / max(total, 1)
 
 
@@ -251,11 +252,11 @@ def copy_accuracy(model, prompts) -> float:
 def repeat_accuracy(model, span: int = 40, rows: int = 16, seed: int = 0) -> float:
     """Top-1 accuracy on the second copy of a span of random tokens: near 0 without induction heads (nothing
     else can predict random tokens), near 1 once the model copies from its context."""
-    model.eval()
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(model.config.vocab_size, (rows, span), generator=g)
     seq = torch.cat([x, x], 1).to(next(model.parameters()).device)
-    pred = model(seq[:, :-1]).argmax(-1)[:, span:]
+    with evaluating(model):
+        pred = model(seq[:, :-1]).argmax(-1)[:, span:]
     return float((pred == seq[:, span + 1:]).float().mean())
 
 

@@ -15,7 +15,7 @@ import torch
 
 from .cache import KVCache
 from .device import time_call
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, evaluating
 
 # GPT-2-style shapes from tiny to GPT-2-medium-sized, all with our 4096-token vocabulary. The position table
 # is 1024 long (not the shipped models' 256) so a single pass can hold 512 new tokens after a cached prefix;
@@ -103,12 +103,8 @@ def forward_time(model: GPT, n_tokens: int, batch_size: int = 1, cached: int = 0
         def fn():
             cache.crop(cached)
             return model(idx, cache=cache)
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         times = time_call(fn, device, warmup=warmup, repeat=repeat)
-    finally:
-        model.train(was_training)
     return times if return_runs else statistics.median(times)
 
 

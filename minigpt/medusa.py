@@ -21,11 +21,13 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .checkpoint import PACKAGE_CHECKPOINTS, CheckpointError, read_checkpoint
+from .copydata import load_copy_tokens
 from .model import GPT
 
 MEDUSA_CHECKPOINT = PACKAGE_CHECKPOINTS / "medusa.pt"
@@ -220,7 +222,7 @@ def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-
 
 
 def main(argv=None) -> None:
-    from .checkpoint import load_pretrained
+    from .checkpoint import load_model, load_pretrained
     from .data import load_tokens
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=15.0)
@@ -237,13 +239,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from .checkpoint import load_model
     target = load_model(args.target, "cpu") if args.target else load_pretrained("target", "cpu")
     heads = load_heads(target) if args.resume else MedusaHeads.for_target(target, args.heads)
     data = None
     if args.copy_data:
-        import numpy as np
-        from .copydata import load_copy_tokens
         data = np.concatenate([load_tokens("train"), load_copy_tokens("train")])
     info = train_heads(target, heads, args.minutes, data=data)
     acc = head_accuracy(target, heads, load_tokens("val"))

@@ -22,6 +22,7 @@ query heads, so a smaller KV cache) and no biases. The defaults are GPT-2 and th
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -197,6 +198,17 @@ class Block(nn.Module):
     def forward(self, x, mask=None, cache=None, layer=0, rope=None):
         x = x + self.attn(self.ln_1(x), mask, cache, layer, rope)
         return x + self.mlp(self.ln_2(x))
+
+
+@contextmanager
+def evaluating(model: nn.Module):
+    """Run a block with ``model`` in eval mode and give it back in the mode it was in (training or not)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 class GPT(nn.Module):

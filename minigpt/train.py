@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from .checkpoint import PACKAGE_CHECKPOINTS, load_model, read_checkpoint, save_checkpoint
 from .copydata import copy_accuracy, copy_batch, example_starts, load_copy_tokens, repeat_accuracy
 from .data import get_batch, load_tokens
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, evaluating
 from .prompts import edit_prompts
 
 
@@ -137,14 +137,13 @@ class Run:
 @torch.no_grad()
 def evaluate(model: GPT, val: np.ndarray, block_size: int, batches: int = 8, batch_size: int = 16) -> float:
     """Mean next-token cross-entropy (nats/token) on fixed validation windows."""
-    model.eval()
     g = torch.Generator().manual_seed(1234)
     losses = []
-    for _ in range(batches):
-        x, y = get_batch(val, batch_size, block_size, g)
-        logits = model(x)
-        losses.append(F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1)).item())
-    model.train()
+    with evaluating(model):
+        for _ in range(batches):
+            x, y = get_batch(val, batch_size, block_size, g)
+            logits = model(x)
+            losses.append(F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1)).item())
     return float(np.mean(losses))
 
 
@@ -251,7 +250,6 @@ def main(argv=None) -> None:
                     r.history[-1].update(copy_val_loss=round(evaluate(r.model, copy_val, r.preset.block_size), 4),
                                          copy_accuracy=round(copy_accuracy(r.model, edit_prompts(24)), 4),
                                          repeat_accuracy=round(repeat_accuracy(r.model), 4))
-                    r.model.train()
                     print(f"[{r.name}] step {r.step}: {r.history[-1]}", flush=True)
                 r.save()
         bar.set_postfix({f"{n}_loss": f"{v:.3f}" for n, v in losses.items()} |

@@ -107,3 +107,16 @@ def test_examples_are_deterministic_and_from_the_named_split():
     train_sources = {e.source for e in copydata.build_examples("train", seed=0)[:2000]}
     val_sources = {e.source for e in a}
     assert not (train_sources & val_sources) or len(train_sources & val_sources) < 5  # trivial duplicates only
+
+
+def test_copy_probes_leave_the_model_in_the_mode_they_found_it():
+    from minigpt.model import GPT, GPTConfig, evaluating
+    model = GPT(GPTConfig(vocab_size=64, block_size=96, n_layer=1, n_head=2, n_embd=16))
+    for training in (True, False):
+        model.train(training)
+        copydata.repeat_accuracy(model)
+        assert model.training is training
+        seen = []
+        with evaluating(model):
+            seen.append(model.training)
+        assert seen == [False] and model.training is training

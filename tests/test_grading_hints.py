@@ -12,6 +12,8 @@ import torch
 from minigpt.decoding.lookup import find_candidates
 from minigpt.grading import check
 
+from test_grading_ex04_ex05 import misses_occurrence_at_index_0
+
 
 def _failed(name, fn):
     return {c.name: c for c in check(name, fn, verbose=False).cases if not c.passed}
@@ -22,16 +24,7 @@ def _case(failed: dict, prefix: str):
 
 
 def test_missing_index_0_is_not_told_about_min_ngram():
-    def misses_index_0(seq, max_ngram, num_pred, min_ngram=1):
-        for n in range(max_ngram, min_ngram - 1, -1):
-            if n < 1 or len(seq) <= n:
-                continue
-            for s in range(len(seq) - n - 1, 0, -1):  # never tries s = 0
-                if seq[s:s + n] == seq[-n:]:
-                    return list(seq[s + n:s + n + num_pred])
-        return []
-
-    failed = _failed("find_candidates", misses_index_0)
+    failed = _failed("find_candidates", misses_occurrence_at_index_0)
     assert failed
     for case in failed.values():
         assert "index 0" in case.hint, (case.name, case.hint)
