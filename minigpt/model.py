@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -230,6 +230,15 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
+    @classmethod
+    def sharing(cls, config: GPTConfig, transformer: nn.ModuleDict, lm_head: nn.Linear) -> GPT:
+        """A GPT made of existing modules, shared, not copied (no new weights are made): the constructor of
+        :func:`early_exit_draft`. ``config`` must describe them (its ``n_layer`` sizes the KV cache)."""
+        model = cls.__new__(cls)   # skip __init__, which would make and initialise new weights
+        nn.Module.__init__(model)
+        model.config, model.transformer, model.lm_head = config, transformer, lm_head
+        return model
+
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -329,3 +338,21 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(T)
         return self.transformer.ln_f(x)
+
+
+def early_exit_draft(model: GPT, n_layers: int) -> GPT:
+    """Self-speculation: a draft made of ``model``'s embedding, its first ``n_layers`` blocks, its final norm
+    and its output layer ("early exit"; LayerSkip, Elhoushi et al. 2024; Draft & Verify, Zhang et al. 2023,
+    skip layers instead of truncating).
+
+    Early layers already point roughly where the whole stack will go, so this draft needs no training, no
+    extra weights and no separate tokenizer, and costs ``n_layers / n_layer`` of a target pass. Its modules
+    are the target's (changing one changes the other), but it has its own config (``n_layer = n_layers``), so
+    it gets its own, smaller KV cache and plugs into every chain or tree decoder as an ordinary draft.
+    Verification by the full model keeps the output exact, however poor the guesses; how poor decides the speed."""
+    total = model.config.n_layer
+    if not 1 <= n_layers < total:
+        raise ValueError(f"an early-exit draft needs 1 <= n_layers < {total} (the target's layers), got {n_layers}")
+    transformer = nn.ModuleDict({name: (nn.ModuleList(list(m)[:n_layers]) if name == "h" else m)
+                                 for name, m in model.transformer.items()})
+    return GPT.sharing(replace(model.config, n_layer=n_layers), transformer, model.lm_head)

@@ -101,7 +101,7 @@ def test_decoders_greedy_equal_plain_on_a_llama_model():
     from minigpt.decoding import generate, speculative_generate
     from minigpt.decoding.lookup import lookup_generate
     from minigpt.decoding.tree import tree_generate
-    from minigpt.selfspec import early_exit_draft
+    from minigpt.model import early_exit_draft
     target = random_model(3, **ARCHS["llama"])
     draft = early_exit_draft(target, 1)
     for seed in range(6):
@@ -113,7 +113,7 @@ def test_decoders_greedy_equal_plain_on_a_llama_model():
 
 
 def test_early_exit_draft_shares_the_weights_and_checks_its_depth():
-    from minigpt.selfspec import early_exit_draft
+    from minigpt.model import early_exit_draft
     target = random_model(0, **ARCHS["llama"])
     draft = early_exit_draft(target, 1)
     assert draft.config.n_layer == 1 and len(draft.transformer.h) == 1
