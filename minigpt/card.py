@@ -20,7 +20,7 @@ import statistics
 import torch
 
 from .checkpoint import PACKAGE_CHECKPOINTS, load_pretrained, read_checkpoint
-from .copydata import copy_accuracy, repeat_accuracy
+from .training.copydata import copy_accuracy, repeat_accuracy
 from .decoding import generate, speculative_generate
 from .decoding.stats import DecodeStats
 from .hardware import forward_time

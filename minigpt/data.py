@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .tokenizer import EOT, load_tokenizer
+
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 VAL_FRACTION_PER_MILLE = 50   # 5% of files are held out
 
@@ -72,7 +74,6 @@ def cached_token_stream(name: str, key: str, texts, tokenizer=None) -> np.ndarra
 
     Saved as ``<cache>/<name>-<hash>.npy``, the hash taken over ``key`` and the tokenizer, and read back from
     there on later calls (``texts`` is then never called)."""
-    from .tokenizer import EOT, load_tokenizer
     enc = tokenizer or load_tokenizer()
     digest = hashlib.sha1(f"{key}|{enc.name}|{enc.n_vocab}".encode()).hexdigest()[:12]
     path = cache_dir() / f"{name}-{digest}.npy"

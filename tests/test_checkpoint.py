@@ -134,7 +134,7 @@ def test_unknown_pretrained_name():
 
 
 def test_unknown_training_preset():
-    r = subprocess.run([sys.executable, "-m", "minigpt.train", "--preset", "nope"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "minigpt.training.train", "--preset", "nope"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert r.returncode != 0
     err = r.stderr.strip()

@@ -1,5 +1,5 @@
-"""The copy-heavy training text (minigpt.copydata): every example's copy is its source with exactly the
-stated change, so a model trained on it learns to copy, not to guess."""
+"""The copy-heavy training text (minigpt.training.copydata): every example's copy is its source with exactly
+the stated change, so a model trained on it learns to copy, not to guess."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from minigpt import copydata
+from minigpt.training import copydata
 
 SAMPLE = '''def area(width, height):
     """Area of a rectangle."""

@@ -9,8 +9,8 @@ from conftest import random_model
 from minigpt import GPT, GPTConfig, generate
 from minigpt.checkpoint import CheckpointError
 from minigpt.decoding.medusa import medusa_generate, typical_acceptance
-from minigpt.medusa import (MedusaHeads, expected_accept_length, load_heads, medusa_loss, save_heads,
-                            sparse_tree_paths, train_heads)
+from minigpt.heads import MedusaHeads, expected_accept_length, load_heads, save_heads, sparse_tree_paths
+from minigpt.training.train_heads import medusa_loss, train_heads
 from minigpt.sampling import SamplingConfig
 
 TREE_ACC = torch.tensor([[0.6, 0.2, 0.1], [0.4, 0.15, 0.05], [0.3, 0.1, 0.05]])  # a plausible rank_acc
@@ -247,7 +247,7 @@ def test_save_load_roundtrip_and_one_line_errors(tmp_path):
 def test_heads_can_share_the_targets_output_layer(tmp_path):
     """For a large vocabulary the heads read out through the target's own (frozen) output layer: no output
     matrices of their own, none in the saved file, and a round trip through save/load gives the same logits."""
-    from minigpt.medusa import MedusaHeads, load_heads, save_heads
+    from minigpt.heads import MedusaHeads, load_heads, save_heads
     target = random_model(0)
     heads = MedusaHeads.for_target(target, n_heads=3, share_output=True)
     assert not any("out" in name for name, _ in heads.named_parameters())

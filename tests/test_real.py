@@ -49,7 +49,7 @@ def test_answer_batch_targets_only_answer_tokens():
 
 
 def test_distil_step_is_cross_entropy_at_the_target_positions(tmp_path):
-    from minigpt.train import Run, get_preset
+    from minigpt.training.train import Run, get_preset
     run = Run("tiny", get_preset("tiny"), tmp_path, fresh=True)
     g = torch.Generator().manual_seed(0)
     x = torch.randint(run.model.config.vocab_size, (2, 12), generator=g)

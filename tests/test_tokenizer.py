@@ -37,7 +37,7 @@ def test_loads_without_network(monkeypatch, tmp_path):
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="python -m minigpt.tokenizer"):
+    with pytest.raises(FileNotFoundError, match="python -m minigpt.training.bpe"):
         load_tokenizer.__wrapped__(str(tmp_path / "nope.tiktoken"))
 
 

@@ -19,7 +19,7 @@ with exactly the stated change:
 * ``word``      -- a paragraph of prose repeated with one word replaced.
 
 The instruction comments come in several phrasings, so the model learns to copy, not one template.
-``python -m minigpt.copydata`` prints a few examples.
+``python -m minigpt.training.copydata`` prints a few examples.
 """
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .data import cached_token_stream, read_text, split_files, stdlib_root
-from .model import evaluating
-from .prompts import _renamable, _replace_names, split_code_and_prose
+from ..data import cached_token_stream, read_text, split_files, stdlib_root
+from ..model import evaluating
+from ..prompts import _renamable, _replace_names, split_code_and_prose
 
 KINDS = ("rename", "docstring", "line", "repeat", "quote", "word")
 

@@ -1,12 +1,13 @@
 """Train the course models on the standard-library corpus.
 
-    python -m minigpt.train --preset target --minutes 60          # train (or resume) the target
-    python -m minigpt.train --preset draft --teacher runs/target/ckpt.pt   # distil a draft from it
-    python -m minigpt.train --preset pair --minutes 60            # both at once (draft learns from the live target)
-    python -m minigpt.train --preset target --init minigpt/checkpoints/target.pt --copy-mix 0.5 --lr 1e-3 \
+    python -m minigpt.training.train --preset target --minutes 60       # train (or resume) the target
+    python -m minigpt.training.train --preset draft --teacher runs/target/ckpt.pt   # distil a draft from it
+    python -m minigpt.training.train --preset pair --minutes 60         # both at once (the draft learns from
+                                                                        # the live target)
+    python -m minigpt.training.train --preset target --init minigpt/checkpoints/target.pt --copy-mix 0.5 --lr 1e-3 \
         --max-steps 400 --out runs/copy                           # go on training the target on copy-heavy text
 
-``--copy-mix F`` draws a fraction F of every batch from :mod:`minigpt.copydata` (functions and paragraphs
+``--copy-mix F`` draws a fraction F of every batch from :mod:`minigpt.training.copydata` (functions and paragraphs
 followed by an edited copy), so that the model learns to copy from its context, the case prompt lookup needs.
 
 A run keeps ``runs/<name>/ckpt.pt`` (weights, optimizer, step) and resumes from it when started again, so a
@@ -34,11 +35,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .checkpoint import PACKAGE_CHECKPOINTS, load_model, read_checkpoint, save_checkpoint
+from ..checkpoint import PACKAGE_CHECKPOINTS, load_model, read_checkpoint, save_checkpoint
+from ..data import get_batch, load_tokens
+from ..model import GPT, GPTConfig, evaluating
+from ..prompts import edit_prompts
+from ..tokenizer import EOT, load_tokenizer
 from .copydata import copy_accuracy, copy_batch, example_starts, load_copy_tokens, repeat_accuracy
-from .data import get_batch, load_tokens
-from .model import GPT, GPTConfig, evaluating
-from .prompts import edit_prompts
 
 
 @dataclass
@@ -165,7 +167,7 @@ def main(argv=None) -> None:
     ap.add_argument("--teacher", type=Path, help="checkpoint to distil from (draft preset)")
     ap.add_argument("--init", type=Path, help="start a new run from these weights (e.g. the shipped target)")
     ap.add_argument("--copy-mix", type=float, default=0.0,
-                    help="fraction of each batch drawn from copy-heavy examples (minigpt.copydata)")
+                    help="fraction of each batch drawn from copy-heavy examples (minigpt.training.copydata)")
     ap.add_argument("--random-repeat", type=float, default=0.125,
                     help="share of the copy rows that are random tokens repeated (induction-head data)")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate (overrides the preset)")
@@ -214,7 +216,6 @@ def main(argv=None) -> None:
     copy_val = load_copy_tokens("val") if args.copy_mix else None
     n_copy = round(lead.preset.batch_size * args.copy_mix)
     if n_copy:
-        from .tokenizer import EOT, load_tokenizer
         copy_starts = example_starts(copy_train, load_tokenizer().encode_single_token(EOT))
     g = torch.Generator().manual_seed(args.seed + lead.step)  # a resumed run sees new batches
     t_start, budget = time.time(), (args.minutes * 60 if args.minutes else float("inf"))

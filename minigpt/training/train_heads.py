@@ -1,0 +1,143 @@
+"""Training Medusa heads (:mod:`minigpt.heads`) on a frozen target, and measuring how often they are right.
+
+The target stays frozen; head k is trained to predict the token k + 2 places after each hidden state's own
+token, and its loss is weighted by lambda^k (far heads are harder and noisier).
+
+    python -m minigpt.training.train_heads --minutes 15 --write   # train heads for the shipped target, measure, ship
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..checkpoint import PACKAGE_CHECKPOINTS, load_model, load_pretrained
+from ..data import get_batch, load_tokens
+from ..heads import MEDUSA_CHECKPOINT, MedusaHeads, load_heads, save_heads
+from ..model import GPT
+from .copydata import load_copy_tokens
+
+
+def medusa_loss(head_logits: torch.Tensor, idx: torch.Tensor, decay: float = 0.8) -> tuple[torch.Tensor, list[float]]:
+    """Weighted cross-entropy of every head. head_logits: (K, B, T, V) from hidden states of ``idx`` (B, T).
+
+    Head k at position t is scored against idx[t + k + 2]; positions without such a token are skipped."""
+    K, B, T, V = head_logits.shape
+    total, per_head = 0.0, []
+    for k in range(K):
+        shift = k + 2
+        if T <= shift:
+            break
+        loss = F.cross_entropy(head_logits[k, :, :T - shift].reshape(-1, V), idx[:, shift:].reshape(-1))
+        total = total + decay ** k * loss
+        per_head.append(loss.item())
+    return total, per_head
+
+
+@torch.no_grad()
+def head_accuracy(target: GPT, heads: MedusaHeads, data, block_size: int = 256, batches: int = 8,
+                  batch_size: int = 8, max_rank: int = 10) -> torch.Tensor:
+    """rank_acc[k, r]: how often head k's rank-r prediction (0 = its top choice) is the true token, on held-out
+    windows of ``data``. top-1 accuracy is rank_acc[k, 0]; top-5 is rank_acc[k, :5].sum()."""
+    g = torch.Generator().manual_seed(4321)
+    K = heads.num_heads
+    hits, count = torch.zeros(K, max_rank), torch.zeros(K)
+    for _ in range(batches):
+        x, _ = get_batch(data, batch_size, block_size - 1, g)
+        x = x.to(target.device)
+        h = target.hidden_states(x)
+        logits = heads(h)  # (K, B, T, V)
+        T = x.shape[1]
+        for k in range(K):
+            shift = k + 2
+            top = logits[k, :, :T - shift].topk(max_rank, dim=-1).indices      # (B, T-shift, R)
+            truth = x[:, shift:, None]
+            hits[k] += (top == truth).float().sum(dim=(0, 1)).cpu()
+            count[k] += truth.numel()
+    return hits / count[:, None]
+
+
+def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-3, batch_size: int = 16,
+                block_size: int = 256, decay: float = 0.8, eval_every: int = 50, data=None,
+                progress: bool = True) -> dict:
+    """Train ``heads`` with the target frozen, for ``minutes`` of wall time, on ``data`` (token ids; default:
+    the training split of the corpus in the course tokenizer). ``progress=False``: no progress bar (lessons,
+    whose saved outputs must not keep one)."""
+    train = load_tokens("train") if data is None else data
+    was_trainable = [p.requires_grad for p in target.parameters()]
+    target.eval().requires_grad_(False)
+    heads.train()
+    opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
+    g = torch.Generator().manual_seed(7)
+    t0, step, tokens, history = time.time(), 0, 0, []
+    bar = tqdm(desc="medusa heads", unit="step", disable=not progress)
+    while time.time() - t0 < minutes * 60:
+        x, _ = get_batch(train, batch_size, block_size, g)
+        x = x.to(target.device)
+        with torch.no_grad():
+            h = target.hidden_states(x)  # the frozen target's final hidden states (no logits needed)
+        loss, per_head = medusa_loss(heads(h), x, decay)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        tokens += x.numel()
+        if step % eval_every == 0:
+            history.append(dict(step=step, per_head_loss=[round(v, 3) for v in per_head]))
+        bar.set_postfix(loss=f"{loss.item():.3f}", heads=" ".join(f"{v:.2f}" for v in per_head))
+        bar.update(1)
+    bar.close()
+    heads.eval()
+    for p, flag in zip(target.parameters(), was_trainable):  # leave the caller's target as it was
+        p.requires_grad_(flag)
+    return dict(steps=step, tokens_seen=tokens, train_seconds=round(time.time() - t0), lr=lr, decay=decay,
+                batch_size=batch_size, block_size=block_size, history=history)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=15.0)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--resume", action="store_true", help="continue from the shipped heads")
+    ap.add_argument("--write", action="store_true", help="save into minigpt/checkpoints/ with a card")
+    ap.add_argument("--target", type=Path, default=None,
+                    help="train for this target checkpoint instead of the shipped one (e.g. a run's ckpt.pt)")
+    ap.add_argument("--out", type=Path, default=PACKAGE_CHECKPOINTS,
+                    help="folder --write saves medusa.pt and medusa_card.json into (default: the package's)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--copy-data", action="store_true",
+                    help="train on the corpus and the copy-heavy examples of minigpt.training.copydata, joined")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_model(args.target, "cpu") if args.target else load_pretrained("target", "cpu")
+    heads = load_heads(target) if args.resume else MedusaHeads.for_target(target, args.heads)
+    data = None
+    if args.copy_data:
+        data = np.concatenate([load_tokens("train"), load_copy_tokens("train")])
+    info = train_heads(target, heads, args.minutes, data=data)
+    acc = head_accuracy(target, heads, load_tokens("val"))
+    card = dict(
+        target="minigpt/checkpoints/target.pt (frozen)",
+        data="training split of the standard-library corpus"
+             + (" and its copy-heavy examples (minigpt.training.copydata)" if args.copy_data else ""),
+        n_heads=heads.num_heads, **{k: v for k, v in info.items() if k != "history"},
+        hardware=f"{platform.machine()} CPU, {torch.get_num_threads()} threads, torch {torch.__version__}",
+        held_out_top1=[round(float(a[0]), 4) for a in acc], held_out_top5=[round(float(a[:5].sum()), 4) for a in acc],
+        rank_accuracy=[[round(float(v), 4) for v in row] for row in acc], history=info["history"])
+    print(json.dumps({k: v for k, v in card.items() if k not in ("rank_accuracy", "history")}, indent=1))
+    if args.write:
+        args.out.mkdir(parents=True, exist_ok=True)
+        save_heads(heads, args.out / MEDUSA_CHECKPOINT.name, rank_accuracy=acc)
+        (args.out / "medusa_card.json").write_text(json.dumps(card, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
