@@ -19,7 +19,7 @@ import statistics
 
 import torch
 
-from .checkpoint import PACKAGE_CHECKPOINTS, load_pretrained, read_checkpoint
+from .checkpoint import PACKAGE_CHECKPOINTS, load_pretrained, public_card, read_checkpoint
 from .training.copydata import copy_accuracy, repeat_accuracy
 from .decoding import generate, speculative_generate
 from .decoding.stats import DecodeStats
@@ -51,8 +51,6 @@ def measure_acceptance(target, draft, n_prompts: int = 16, max_new_tokens: int =
                 identical_to_plain_greedy=bool(identical))
 
 
-PUBLIC_FIELDS = ("data", "models", "pair", "recipe")  # everything a card holds; nothing else is written or shown
-
 TARGETS = dict(tokens_per_target_pass=2.5, acceptance_rate_alpha=0.6, cost_ratio_c=0.15)  # the maintainers' goals
 
 
@@ -83,21 +81,6 @@ def measure_copying(model, n_prompts: int = 24) -> dict:
     random tokens (only an induction head can predict those)."""
     return dict(edit_prompts=n_prompts, copy_accuracy_on_edit_prompts=round(copy_accuracy(model, edit_prompts(n_prompts)), 4),
                 random_repeat_accuracy=round(repeat_accuracy(model), 4))
-
-
-def _short_paths(x):
-    """``x`` with every absolute file path (a string starting with "/") shortened to its last part."""
-    if isinstance(x, dict):
-        return {k: _short_paths(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_short_paths(v) for v in x]
-    return x.rsplit("/", 1)[-1] if isinstance(x, str) and x.startswith("/") else x
-
-
-def public_card(card: dict) -> dict:
-    """Only the card's public fields (:data:`PUBLIC_FIELDS`), with absolute paths of the machine that
-    trained or measured the models shortened to file names."""
-    return _short_paths({k: card[k] for k in PUBLIC_FIELDS if k in card})
 
 
 def describe_card(card: dict) -> str:

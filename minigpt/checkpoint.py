@@ -2,6 +2,7 @@
 
 A checkpoint is a plain dict of tensors, numbers and strings saved with ``torch.save``; loading uses
 ``torch.load(weights_only=True)``, which refuses arbitrary pickled objects, so a checkpoint cannot run code.
+The shipped pair comes with a card (``card.json``, measured and written by :mod:`minigpt.card`), read here.
 """
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import torch
 
+from .device import get_device
 from .model import GPT, GPTConfig
 
 PACKAGE_CHECKPOINTS = Path(__file__).parent / "checkpoints"
 PRETRAINED = ("target", "draft")
+PUBLIC_FIELDS = ("data", "models", "pair", "recipe")  # everything a card holds; nothing else is written or shown
 
 
 class CheckpointError(ValueError):
@@ -59,7 +62,6 @@ def check_state_dict(model: GPT, state: dict, source: str) -> None:
 
 def load_model(path: str | Path, device: str | torch.device | None = None) -> GPT:
     """Build a :class:`GPT` from a checkpoint's config and load its weights (fp32, eval mode)."""
-    from .device import get_device
     ckpt = read_checkpoint(path)
     try:
         model = GPT(GPTConfig(**ckpt["config"]))
@@ -80,9 +82,23 @@ def load_pretrained(name: str = "target", device: str | torch.device | None = No
 
 def model_card() -> dict:
     """The card of the shipped pair: data, training, validation loss, and measured acceptance and cost
-    (only the public fields of :data:`minigpt.card.PUBLIC_FIELDS`; ``minigpt.card.describe_card`` prints it)."""
-    from .card import public_card  # card imports this module
+    (only the :data:`PUBLIC_FIELDS`; ``minigpt.card.describe_card`` prints it)."""
     path = PACKAGE_CHECKPOINTS / "card.json"
     if not path.exists():
         raise FileNotFoundError(f"model card {path} is missing")
     return public_card(json.loads(path.read_text()))
+
+
+def _short_paths(x):
+    """``x`` with every absolute file path (a string starting with "/") shortened to its last part."""
+    if isinstance(x, dict):
+        return {k: _short_paths(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_short_paths(v) for v in x]
+    return x.rsplit("/", 1)[-1] if isinstance(x, str) and x.startswith("/") else x
+
+
+def public_card(card: dict) -> dict:
+    """Only the card's public fields (:data:`PUBLIC_FIELDS`), with absolute paths of the machine that
+    trained or measured the models shortened to file names."""
+    return _short_paths({k: card[k] for k in PUBLIC_FIELDS if k in card})

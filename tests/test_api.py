@@ -85,7 +85,8 @@ def test_device_override(monkeypatch):
 
 
 def test_the_card_reports_the_measured_pair_and_only_public_fields():
-    from minigpt.card import PUBLIC_FIELDS, check_targets, describe_card
+    from minigpt.card import check_targets, describe_card
+    from minigpt.checkpoint import PUBLIC_FIELDS
     card = minigpt.model_card()
     pair = card["pair"]
     assert 0 < pair["acceptance_rate_alpha"] <= 1 and 1 <= pair["tokens_per_target_pass"] <= pair["gamma"] + 1
@@ -102,7 +103,7 @@ def test_the_card_reports_the_measured_pair_and_only_public_fields():
 
 
 def test_public_card_drops_internal_fields_and_shortens_paths():
-    from minigpt.card import public_card
+    from minigpt.checkpoint import public_card
     raw = {"data": "d", "models": {"t": {"training": {"distilled_from": "/home/someone/runs/target.pt"}}},
            "pair": {}, "targets_from_issue": {"met": False}, "history": "how the repository was managed"}
     card = public_card(raw)
