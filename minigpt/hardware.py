@@ -20,7 +20,7 @@ from .model import GPT, GPTConfig, evaluating
 # GPT-2-style shapes from tiny to GPT-2-medium-sized, all with our 4096-token vocabulary. The position table
 # is 1024 long (not the shipped models' 256) so a single pass can hold 512 new tokens after a cached prefix;
 # that makes "draft" and "target" a little larger than the shipped checkpoints (see ``num_params``).
-MODEL_PRESETS: dict[str, GPTConfig] = {
+MODEL_SIZES: dict[str, GPTConfig] = {
     "tiny": GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=1024),     # ~0.1M: almost nothing to read
     "draft": GPTConfig(n_layer=1, n_head=3, n_embd=96, block_size=1024),    # the shipped draft's shape
     "target": GPTConfig(n_layer=6, n_head=8, n_embd=256, block_size=1024),  # the shipped target's shape
@@ -31,15 +31,15 @@ MODEL_PRESETS: dict[str, GPTConfig] = {
 
 
 def model_of_size(name: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> GPT:
-    """A randomly initialised GPT with the shape of ``MODEL_PRESETS[name]``, in eval mode.
+    """A randomly initialised GPT with the shape of ``MODEL_SIZES[name]``, in eval mode.
 
     Random weights are enough for timing: a forward pass does the same matmuls on the same number of
     bytes whatever the values are (no layer here skips work based on its input)."""
-    if name not in MODEL_PRESETS:
-        raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    if name not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(MODEL_SIZES)}")
     torch.manual_seed(0)
     with torch.device(device):  # initialise on the device itself: a 300M-parameter init is slow on a CPU
-        model = GPT(MODEL_PRESETS[name])
+        model = GPT(MODEL_SIZES[name])
     return model.to(dtype=dtype).eval()
 
 

@@ -30,7 +30,7 @@ def test_matmul_flops_is_a_positive_rate():
 
 def test_presets_grow_from_tiny_to_hundreds_of_millions():
     # the meta device builds the shapes without allocating or initialising any memory
-    sizes = {name: hardware.model_of_size(name, device="meta").num_params() for name in hardware.MODEL_PRESETS}
+    sizes = {name: hardware.model_of_size(name, device="meta").num_params() for name in hardware.MODEL_SIZES}
     counts = list(sizes.values())
     assert counts == sorted(counts) and len(set(counts)) == len(counts)
     assert sizes["tiny"] < 200_000

@@ -54,7 +54,7 @@ class Preset:
     ship_dtype: str = "float32"  # dtype of the exported weights (a bfloat16 draft is half the download)
 
 
-PRESETS = {
+TRAIN_PRESETS = {
     # ~5.8M parameters: the model we speed up
     "target": Preset(GPTConfig(n_layer=6, n_head=8, n_embd=256)),
     # ~0.7M parameters, one thin layer: as few operations as possible, because on a CPU a tiny model's
@@ -74,9 +74,9 @@ PRESETS = {
 
 
 def get_preset(name: str) -> Preset:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]
+    if name not in TRAIN_PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(TRAIN_PRESETS)}")
+    return TRAIN_PRESETS[name]
 
 
 def lr_at(step: int, p: Preset) -> float:
@@ -163,7 +163,7 @@ def export(run: Run, val_loss: float, extra: dict | None = None) -> Path:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="target", help=f"one of: {', '.join(PRESETS)}, pair")
+    ap.add_argument("--preset", default="target", help=f"one of: {', '.join(TRAIN_PRESETS)}, pair")
     ap.add_argument("--teacher", type=Path, help="checkpoint to distil from (draft preset)")
     ap.add_argument("--init", type=Path, help="start a new run from these weights (e.g. the shipped target)")
     ap.add_argument("--copy-mix", type=float, default=0.0,

@@ -10,7 +10,7 @@ Stops at once, exit status 2, when torch sees no CUDA device. Otherwise, with ``
    ``pytest.xml``);
 2. ``python -m minigpt.bench --device cuda --json`` (with ``--peers`` when bench supports it and transformers
    is installed) (``bench.log``, ``bench.json``);
-3. a memory-bound timing: random-weight GPT-2-shaped models (``minigpt.hardware.MODEL_PRESETS``, up to
+3. a memory-bound timing: random-weight GPT-2-shaped models (``minigpt.hardware.MODEL_SIZES``, up to
    ~307M parameters), one forward pass over 1..512 new tokens after a cached prefix, medians of interleaved
    repeats, next to the measured copy bandwidth and per-op overhead;
 
