@@ -20,11 +20,12 @@ import statistics
 import torch
 
 from .checkpoint import PACKAGE_CHECKPOINTS, load_pretrained, public_card, read_checkpoint
-from .training.copydata import copy_accuracy, repeat_accuracy
+from .data import get_batch, load_tokens
 from .decoding import generate, speculative_generate
 from .decoding.stats import DecodeStats
 from .hardware import forward_time
 from .prompts import code_prompts, edit_prompts
+from .training.copydata import copy_accuracy, repeat_accuracy
 
 
 def measure_cost_ratio(target, draft, cached: int = 128, repeat: int = 101) -> dict:
@@ -70,7 +71,6 @@ def measure_agreement(target, draft, windows: int = 16, block_size: int = 256) -
     """How often the draft's top token equals the target's on held-out text (teacher-forced: both read the
     real file, not their own output). Greedy continuations of a small target often fall into repetition,
     which a draft predicts easily; this number has no such help."""
-    from .data import get_batch, load_tokens
     x, _ = get_batch(load_tokens("val"), windows, block_size, torch.Generator().manual_seed(99))
     return float((target(x).argmax(-1) == draft(x).argmax(-1)).float().mean())
 

@@ -38,6 +38,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .grading import EXERCISES
 from .grading.generate import check_calls
 from .grading.session import sign
 
@@ -92,7 +93,6 @@ def _one_line(text: str, limit: int = 160) -> str:
 
 
 def _max_points(name: str) -> int | None:
-    from .grading import EXERCISES
     return EXERCISES[name].max_points if name in EXERCISES else None
 
 
@@ -350,10 +350,9 @@ def execute(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, 
     import nbformat
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    import minigpt
     env = dict(os.environ)
     # the kernel must import the same minigpt as this grader, even when the package is not installed
-    root = str(Path(minigpt.__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     quiet = logging.getLogger("minigpt.grade.kernel")
     quiet.setLevel(logging.CRITICAL)

@@ -9,7 +9,10 @@ median of several repeats; pass ``return_runs=True`` to get every repeat and jud
 """
 from __future__ import annotations
 
+import platform
 import statistics
+import subprocess
+from pathlib import Path
 
 import torch
 
@@ -176,9 +179,6 @@ def largest_cpu_cache(sysfs_dir: str | None = None) -> tuple[str, int] | None:
     Linux: every folder ``index*`` under ``sysfs_dir`` (default :data:`SYSFS_CPU_CACHE`) describes one cache
     with a ``level`` file (1, 2, 3) and a ``size`` file (``"32K"``); unreadable or malformed folders are
     skipped. macOS: ``sysctl hw.l3cachesize`` (then ``hw.l2cachesize``)."""
-    import platform
-    import subprocess
-    from pathlib import Path
     if sysfs_dir is None and platform.system() == "Darwin":
         for key in ("hw.l3cachesize", "hw.l2cachesize"):
             out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True).stdout.strip()

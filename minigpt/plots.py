@@ -1,7 +1,8 @@
 """Figures and widgets shared by the lessons, so notebooks call one line instead of pasting plotting code.
 
 Every plotting function draws into ``ax`` when one is given (so lessons can lay out several panels) and
-returns the axes it drew on. Matplotlib is imported lazily: importing :mod:`minigpt` never needs a display.
+returns the axes it drew on. ``import minigpt`` does not import this module, so the package itself never
+needs matplotlib or a display.
 
 * :func:`token_label`, :func:`show_tokens`  -- what tokens look like (whitespace made visible);
 * :func:`show_accepted`                     -- a generated text, drafted-and-accepted runs vs target-made tokens;
@@ -18,7 +19,12 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import numpy as np
+from IPython.display import HTML, display
+
+from .real.chat import IncrementalText
 
 # How whitespace is shown in token labels: a space as a middle dot, control characters escaped.
 _VISIBLE = {" ": "\u00b7", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
@@ -57,7 +63,6 @@ def show_tokens(text: str, tokenizer, as_html: bool = True, max_tokens: int | No
     more = len(ids) - len(shown)
     if not as_html:
         return "|".join(labels) + (f"| ... (+{more} tokens)" if more else "")
-    from IPython.display import HTML
     spans = []
     for i, (tid, lab) in enumerate(zip(shown, labels)):
         lab = html.escape(lab)
@@ -91,7 +96,6 @@ def show_accepted(tokens, record, tokenizer=None, as_html: bool = True, legend: 
     if tokens and not isinstance(tokens[0], str):
         if tokenizer is None:
             raise ValueError("token ids need a tokenizer (anything with decode) to be shown as text")
-        from .chat import IncrementalText
         inc = IncrementalText(lambda ids: tokenizer.decode(ids))
         texts = [inc.feed([t]) for t in tokens]
         if texts:
@@ -110,7 +114,6 @@ def show_accepted(tokens, record, tokenizer=None, as_html: bool = True, legend: 
     if not as_html:
         body = "".join(f"[{text}]" if flag else text for flag, text in runs)
         return body + (f"\n({summary}; [...] = drafted and accepted)" if legend else "")
-    from IPython.display import HTML
     spans = "".join(f'<span title="{"drafted and accepted" if flag else "made by the target"}" style="background:'
                     f'{DRAFTED_COLOUR if flag else TARGET_COLOUR};border-radius:2px">{html.escape(text)}</span>'
                     for flag, text in runs)
@@ -125,7 +128,6 @@ def plot_distribution(probs, tokenizer, top: int = 20, ax=None, ids: Sequence[in
                       title: str | None = None, color: str = "C0"):
     """Bar chart of a next-token distribution ``probs`` (V,): the ``top`` most likely tokens, or exactly the
     tokens ``ids`` in that order (to compare several distributions over the same tokens)."""
-    import matplotlib.pyplot as plt
     p = _as_numpy(probs).reshape(-1)
     if ids is None:
         ids = np.argsort(-p, kind="stable")[:top]
@@ -147,7 +149,6 @@ def plot_lines(xs: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
     """One line (with markers) per entry of ``series`` = {name: ys}, all over the same ``xs``.
 
     ``bands`` = {name: (low, high)} shades a spread around a series (e.g. min and max of repeated timings)."""
-    import matplotlib.pyplot as plt
     ax = ax or plt.subplots(figsize=(5.5, 3.5))[1]
     for i, (name, ys) in enumerate(series.items()):
         ax.plot(xs, _as_numpy(ys), marker="o", ms=4, label=name, color=f"C{i}")
@@ -173,7 +174,6 @@ def heatmap(matrix, labels: Sequence[str] | None = None, ax=None, title: str | N
             cmap: str = "viridis", annotate: bool = False, colorbar: bool = True, fmt: str = "{:.2f}"):
     """Show a 2-D ``matrix`` (rows = queries/ys, columns = keys/xs). ``labels`` names both axes of a square
     matrix; ``xlabels``/``ylabels`` override one axis. ``annotate`` writes each value in its cell."""
-    import matplotlib.pyplot as plt
     m = _as_numpy(matrix)
     if m.ndim != 2:
         raise ValueError(f"heatmap needs a 2-D matrix, got shape {m.shape}")
@@ -210,7 +210,6 @@ def draw_tree(parents: Sequence[int], labels: Sequence[str] | None = None, accep
     ``weight_label`` (e.g. the probability that a rank path is accepted). ``depth_labels``: names of the depth
     columns (default 0, 1, ...). Trees from rank paths: ``minigpt.decoding.tree.tree_from_paths`` gives the
     parent array, in the same node order as the sorted paths."""
-    import matplotlib.pyplot as plt
     parents = [int(p) for p in parents]
     if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
         raise ValueError("draw_tree needs a parent array with parents[0] == -1 and 0 <= parents[i] < i")
@@ -271,11 +270,9 @@ def draw_tree(parents: Sequence[int], labels: Sequence[str] | None = None, accep
 
 def _redraw_on_change(fn: Callable, made: dict) -> None:
     """Show the controls ``made`` with an output area below them that runs ``fn`` only when a control changes."""
-    import ipywidgets as w
-    from IPython.display import display
-    knobs = {k: v for k, v in made.items() if isinstance(v, w.Widget)}
-    fixed = {k: v.value for k, v in made.items() if not isinstance(v, w.Widget)}
-    out = w.Output()
+    knobs = {k: v for k, v in made.items() if isinstance(v, widgets.Widget)}
+    fixed = {k: v.value for k, v in made.items() if not isinstance(v, widgets.Widget)}
+    out = widgets.Output()
 
     def redraw(_change=None) -> None:
         with out:
@@ -284,7 +281,7 @@ def _redraw_on_change(fn: Callable, made: dict) -> None:
 
     for v in knobs.values():
         v.observe(redraw, names="value")
-    display(w.VBox([*knobs.values(), out]))
+    display(widgets.VBox([*knobs.values(), out]))
 
 
 def explore(fn: Callable, draw_now: bool = True, **controls) -> None:
@@ -297,7 +294,6 @@ def explore(fn: Callable, draw_now: bool = True, **controls) -> None:
     Returns None (``interact`` displays the widgets itself; its return value would print a function repr).
     ``draw_now=False``: the lesson has just called ``fn`` with the defaults, so the explorer draws nothing until
     a control is moved (one figure on the page at first, not two)."""
-    import ipywidgets as w
     defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()
                 if p.default is not inspect.Parameter.empty}
     made = {}
@@ -307,18 +303,18 @@ def explore(fn: Callable, draw_now: bool = True, **controls) -> None:
             start = defaults.get(name, lo)
             start = start if isinstance(start, (int, float)) and lo <= start <= hi else lo
             if all(isinstance(v, int) for v in c):
-                made[name] = w.IntSlider(value=int(start), min=lo, max=hi, step=step, description=name,
-                                         continuous_update=False)
+                made[name] = widgets.IntSlider(value=int(start), min=lo, max=hi, step=step, description=name,
+                                             continuous_update=False)
             else:
-                made[name] = w.FloatSlider(value=float(start), min=lo, max=hi, step=step, description=name,
-                                           continuous_update=False)
+                made[name] = widgets.FloatSlider(value=float(start), min=lo, max=hi, step=step, description=name,
+                                               continuous_update=False)
         elif isinstance(c, list):
             start = defaults.get(name, c[0])
-            made[name] = w.Dropdown(options=c, value=start if start in c else c[0], description=name)
-        elif isinstance(c, w.Widget):
+            made[name] = widgets.Dropdown(options=c, value=start if start in c else c[0], description=name)
+        elif isinstance(c, widgets.Widget):
             made[name] = c
         else:
-            made[name] = w.fixed(c)
+            made[name] = widgets.fixed(c)
     if not draw_now:
         _redraw_on_change(fn, made)
         return
@@ -327,4 +323,4 @@ def explore(fn: Callable, draw_now: bool = True, **controls) -> None:
     def show(*args, **kwargs) -> None:  # interact would also display fn's return value
         fn(*args, **kwargs)
 
-    w.interact(show, **made)
+    widgets.interact(show, **made)
