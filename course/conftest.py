@@ -1,5 +1,5 @@
 """Lessons 09 and 09b run a real model (SmolLM2-135M) whose weights are fetched separately, once
-(``python -m minigpt.smollm fetch``) and read with the optional ``gguf`` package. Where either is missing (CI,
+(``python -m minigpt.real.smollm fetch``) and read with the optional ``gguf`` package. Where either is missing (CI,
 a fresh clone), those lessons are skipped with the reason instead of failing; every other lesson runs as usual."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ REAL_MODEL_LESSONS = ("09_real_model.ipynb", "09b_real_model_drafters.ipynb")
 
 def _why_not_runnable() -> str | None:
     """None when Lessons 09 and 09b can run here, else the reason it cannot."""
-    from minigpt import smollm
+    from minigpt.real import smollm
     if smollm.gguf_path() is None:
         return smollm.MISSING_REASON
     if not smollm.gguf_available():

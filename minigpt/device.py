@@ -1,7 +1,8 @@
 """Choosing where to run (CUDA, then Apple's MPS, then the CPU; ``MINIGPT_DEVICE`` overrides), and timing on it.
 
 :func:`time_call` times one call; :func:`time_rotating` times competing calls in rotating order (feed its
-paired timings to :mod:`minigpt.verdict` for a verdict)."""
+paired timings to :mod:`minigpt.verdict` for a verdict), :func:`time_rotating_over` the same on several inputs
+(the benchmark's loop)."""
 from __future__ import annotations
 
 import os
@@ -55,25 +56,45 @@ def time_rotating(fns: dict, device, repeat: int = 5, warmup: int = 1) -> tuple[
     order that rotates from repeat to repeat, so a change in the machine's load hits all of them alike.
 
     Each call is synchronised on ``device`` before and after the clock is read. Returns (seconds, results):
-    ``seconds[label]`` is the list of ``repeat`` timings, ``results[label]`` what the first timed call returned."""
+    ``seconds[label]`` is the list of ``repeat`` timings, ``results[label]`` what the first timed call returned.
+    (:func:`time_rotating_over` with a single input.)"""
+    seconds, results = time_rotating_over({label: (lambda _, fn=fn: fn()) for label, fn in fns.items()}, [None],
+                                          device, repeat, warmup)
+    return ({label: [row[0] for row in rows] for label, rows in seconds.items()},
+            {label: rows[0][0] for label, rows in results.items()})
+
+
+def time_rotating_over(fns: dict, inputs: list, device, repeat: int = 5, warmup: int = 1,
+                       log=None) -> tuple[dict, dict]:
+    """Time competing calls on several inputs fairly: ``fns`` = {label: fn(input)}; every repeat calls each fn
+    once on every input, input by input, and the order of the fns rotates (on input ``i`` of repeat ``r`` it
+    starts with fn number ``(i + r) % len(fns)``), so no fn always goes first and a change in the machine's
+    load hits all of them alike. First ``warmup`` untimed rounds: each fn once on the first input.
+
+    Each call is synchronised on ``device`` before and after the clock is read. Returns (seconds, results):
+    ``seconds[label][r][i]`` and ``results[label][r][i]`` are the time and the return value of the call on
+    ``inputs[i]`` in repeat ``r``. ``log``: a function told "repeat r/R" as each repeat begins."""
     labels = list(fns)
     if not labels:
         raise ValueError("time_rotating needs at least one function to time")
+    if not inputs:
+        raise ValueError("time_rotating needs at least one input to time the functions on")
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
-    for _ in range(warmup):
+    for _ in range(warmup):  # first calls pay for allocations and kernel selection
         for label in labels:
-            fns[label]()
-    seconds: dict = {label: [] for label in labels}
-    results: dict = {}
+            fns[label](inputs[0])
+    seconds = {label: [[0.0] * len(inputs) for _ in range(repeat)] for label in labels}
+    results = {label: [[None] * len(inputs) for _ in range(repeat)] for label in labels}
     for r in range(repeat):
-        k = r % len(labels)
-        for label in labels[k:] + labels[:k]:
-            synchronize(device)
-            t0 = time.perf_counter()
-            out = fns[label]()
-            synchronize(device)
-            seconds[label].append(time.perf_counter() - t0)
-            results.setdefault(label, out)
+        if log:
+            log(f"repeat {r + 1}/{repeat}")
+        for i, x in enumerate(inputs):
+            k = (i + r) % len(labels)
+            for label in labels[k:] + labels[:k]:
+                synchronize(device)
+                t0 = time.perf_counter()
+                results[label][r][i] = fns[label](x)
+                synchronize(device)
+                seconds[label][r][i] = time.perf_counter() - t0
     return seconds, results
-

@@ -1,6 +1,6 @@
 """Our decoders next to Hugging Face transformers' own, on the same weights: ``python -m minigpt.peers``.
 
-The shipped models are converted exactly (:mod:`minigpt.hf`), so both libraries compute the same function
+The shipped models are converted exactly (:mod:`minigpt.real.hf`), so both libraries compute the same function
 and greedy decoding must produce the same tokens; what differs is the code around the model. Three pairs:
 
 * ``hf_plain``          -- ``generate(do_sample=False)``                      vs ours ``plain``;
@@ -32,10 +32,13 @@ import time
 
 import torch
 
-from .decoding import DecodeStats
-from .device import synchronize
-from .hf import require_transformers, to_hf
+from .checkpoint import load_pretrained
+from .decoding import DecodeStats, generate, speculative_generate
+from .decoding.lookup import lookup_generate
+from .device import get_device, synchronize, time_rotating_over
 from .model import GPT
+from .prompts import code_prompts, edit_prompts
+from .real.hf import require_transformers, to_hf
 
 PAIRS = {"hf_plain": "plain", "hf_assisted": "chain", "hf_prompt_lookup": "prompt_lookup"}
 
@@ -141,9 +144,6 @@ def settings_from_bench(params: dict) -> dict:
 def our_methods(target: GPT, draft: GPT | None = None, gamma: int = 4, max_ngram: int = 3,
                 num_pred: int = 8) -> dict:
     """Our decoders with the same settings: name -> fn(prompt, max_new_tokens) -> ids."""
-    from .decoding.chain import speculative_generate
-    from .decoding.lookup import lookup_generate
-    from .decoding.plain import generate
     ours = {"plain": lambda p, n: generate(target, p, n)}
     if draft is not None:
         ours["chain"] = lambda p, n: speculative_generate(target, draft, p, n, gamma=gamma)[0]
@@ -159,28 +159,12 @@ def compare(target: GPT, draft: GPT | None, prompts: list, max_new_tokens: int =
     ``ours_over_theirs`` (our matching method's tokens/s over theirs) and ``identical_to_ours``."""
     fns = {**our_methods(target, draft, gamma, max_ngram, num_pred),
            **peer_methods(target, draft, gamma, max_ngram, num_pred)}
-    names, dev = list(fns), target.device
-
-    def call(name, prompt):
-        synchronize(dev)
-        t0 = time.perf_counter()
-        ids = fns[name](prompt, max_new_tokens)
-        synchronize(dev)
-        return ids, time.perf_counter() - t0
-
-    for name in names:
-        call(name, prompts[0])
-    outputs = {n: [None] * len(prompts) for n in names}
-    times = {n: [0.0] * repeats for n in names}
-    for r in range(repeats):
-        if log:
-            log(f"repeat {r + 1}/{repeats}")
-        for i, prompt in enumerate(prompts):
-            k = (i + r) % len(names)
-            for name in names[k:] + names[:k]:
-                ids, dt = call(name, prompt)
-                times[name][r] += dt
-                outputs[name][i] = outputs[name][i] if r else ids
+    dev = target.device
+    seconds, results = time_rotating_over({n: (lambda p, fn=fn: fn(p, max_new_tokens)) for n, fn in fns.items()},
+                                          prompts, dev, repeat=repeats, warmup=1, log=log)
+    names = list(fns)
+    times = {n: [sum(row) for row in seconds[n]] for n in names}   # seconds per repeat, all prompts
+    outputs = {n: results[n][0] for n in names}                       # the first repeat's outputs
     records = {}
     for n in names:
         tps = [sum(map(len, outputs[n])) / t for t in times[n]]
@@ -206,9 +190,6 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads for torch (0 = torch's default)")
     ap.add_argument("--json", metavar="FILE", help="also write the records as JSON")
     args = ap.parse_args(argv)
-    from .checkpoint import load_pretrained
-    from .device import get_device
-    from .prompts import code_prompts, edit_prompts
     dev = torch.device(args.device) if args.device else get_device()
     if args.threads and dev.type == "cpu":
         torch.set_num_threads(args.threads)

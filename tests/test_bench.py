@@ -10,7 +10,7 @@ import torch
 
 from conftest import perturbed_copy, random_model
 from minigpt import bench
-from minigpt.decoding import generate
+from minigpt.decoding import DecodeStats, generate
 from minigpt.prompts import Prompt, code_prompts, edit_prompts, prose_prompts, split_code_and_prose
 from minigpt.tokenizer import load_tokenizer
 
@@ -142,7 +142,7 @@ def test_self_speculation_method_is_exact_and_uses_the_early_exit_depth():
 
 def test_identity_check_catches_a_wrong_method(monkeypatch):
     def off_by_one(models, prompt, max_new_tokens):  # plain greedy, but its last token is wrong
-        stats = bench.DecodeStats()
+        stats = DecodeStats()
         ids = generate(models.target, prompt, max_new_tokens, stats=stats)
         return ids[:-1] + [(ids[-1] + 1) % 97], stats
 
@@ -154,7 +154,7 @@ def test_identity_check_catches_a_wrong_method(monkeypatch):
 
 
 def test_register_adds_a_method(monkeypatch):
-    monkeypatch.setattr(bench, "METHODS", dict(bench.METHODS))
+    monkeypatch.setitem(bench.METHODS, "plain_again", None)  # so that the registration is undone afterwards
 
     @bench.register("plain_again", "plain decoding under another name", unused=7)
     def _again(models, prompt, max_new_tokens, unused):
@@ -198,4 +198,4 @@ def test_cli_smollm2_without_the_file_is_one_line(monkeypatch, tmp_path, capsys)
     monkeypatch.setenv("MINIGPT_SMOLLM_GGUF", str(tmp_path / "absent.gguf"))
     assert bench.main(["--model", "smollm2", "--quick"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert "error:" in err[-1] and "python -m minigpt.smollm fetch" in err[-1]
+    assert "error:" in err[-1] and "python -m minigpt.real.smollm fetch" in err[-1]

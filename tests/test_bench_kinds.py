@@ -12,7 +12,7 @@ from minigpt import bench, real
 from minigpt.decoding import generate
 from minigpt.decoding.lookup import lookup_generate, replay_lookup
 from minigpt.prompts import Prompt
-from minigpt.smollm import gguf_path
+from minigpt.real.smollm import gguf_path
 
 CODE_BLOCK = re.compile(r"```python\n(.*?)\n```", re.S)
 
@@ -45,13 +45,13 @@ def test_document_requests_hold_a_long_text_to_repeat():
 
 
 def test_training_requests_leave_out_both_sets():
-    from minigpt.requests import training_requests
+    from minigpt.real.requests import training_requests
     texts = {t for _, t in training_requests(n_edit=20)}
     assert not texts & {t for _, t in real.REQUESTS + real.HELD_OUT_REQUESTS}
 
 
 @pytest.mark.skipif(gguf_path() is None or importlib.util.find_spec("gguf") is None,
-                    reason="needs the SmolLM2 file (python -m minigpt.smollm fetch) and gguf (pip install -e \".[real]\")")
+                    reason="needs the SmolLM2 file (python -m minigpt.real.smollm fetch) and gguf (pip install -e \".[real]\")")
 def test_real_prompts_select_kinds_and_sets():
     dev = real.real_prompts(kinds=("edit", "document"))
     held = real.real_prompts(kinds=("edit",), split="held-out", per_kind=2)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import perturbed_copy, random_model
-from minigpt import chat
+from minigpt.real import chat
 from minigpt.decoding import generate
 from minigpt.heads import MedusaHeads
 
@@ -123,20 +123,21 @@ def test_unknown_or_missing_drafters_are_one_line_errors():
 
 
 def test_chat_command_without_the_file_is_one_line(monkeypatch, tmp_path, capsys):
-    from minigpt import smollm
+    from minigpt.real import smollm
     monkeypatch.setenv("MINIGPT_SMOLLM_GGUF", str(tmp_path / "absent.gguf"))
     with pytest.raises(SystemExit) as e:
         smollm.main(["chat", "--prompt", "hi"])
     msg = str(e.value.code)
-    assert "\n" not in msg and "python -m minigpt.smollm fetch" in msg
+    assert "\n" not in msg and "python -m minigpt.real.smollm fetch" in msg
 
 
 @pytest.mark.slow
 def test_transformers_loader_shows_no_progress_bar(capfd):
     pytest.importorskip("transformers")
-    from minigpt import real, smollm
+    from minigpt import real
+    from minigpt.real import smollm
     if smollm.gguf_path() is None:
-        pytest.skip("needs the SmolLM2 file (python -m minigpt.smollm fetch)")
+        pytest.skip("needs the SmolLM2 file (python -m minigpt.real.smollm fetch)")
     from transformers.utils import logging as hf_logging
     real.load_hf_smollm()
     captured = capfd.readouterr()

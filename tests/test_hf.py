@@ -11,7 +11,7 @@ transformers = pytest.importorskip(
     "transformers", reason="Hugging Face transformers is not installed: pip install -e '.[peers]'")
 
 import minigpt  # noqa: E402
-from minigpt.hf import from_hf, require_transformers, to_hf  # noqa: E402
+from minigpt.real.hf import from_hf, require_transformers, to_hf  # noqa: E402
 from minigpt.peers import our_methods, peer_methods  # noqa: E402
 
 from conftest import perturbed_copy, random_model  # noqa: E402

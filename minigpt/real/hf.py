@@ -8,7 +8,7 @@ of every block (``c_attn``, ``attn.c_proj``, ``c_fc``, ``mlp.c_proj``) are trans
 approximated: the converted model computes the same function, up to fp32 rounding (tests/test_hf.py checks
 logits and greedy outputs).
 
-    from minigpt.hf import to_hf
+    from minigpt.real.hf import to_hf
     hf = to_hf(minigpt.load_pretrained("target"))
     out = hf.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False)
 
@@ -18,14 +18,22 @@ each in minigpt and separate ones in transformers, and transformers rotates the 
 a head where minigpt rotates adjacent pairs, so the rows of the q and k matrices are reordered
 (:func:`rotate_half_layout`); scores, and so outputs, are unchanged.
 
+:func:`load_hf_smollm` goes the other way for SmolLM2: transformers reads the same GGUF file itself, an
+independent implementation for the exactness checks and the peer benchmark to compare with.
+
 transformers is an optional dependency (``pip install -e '.[peers]'``); it is imported only when a function
 here is called.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 
-from .model import GPT, GPTConfig
+from ..model import GPT, GPTConfig
+from ..tokenizer import load_tokenizer
+from .smollm import MISSING_REASON, gguf_path
 
 INSTALL_HINT = "install the optional extra: pip install -e '.[peers]'"
 # the matrices GPT-2 keeps in Conv1D layers, stored transposed relative to nn.Linear
@@ -38,14 +46,13 @@ def require_transformers():
     try:
         import transformers
     except ImportError:
-        raise ImportError(f"minigpt.hf needs Hugging Face transformers, which is not installed: {INSTALL_HINT}") \
+        raise ImportError(f"minigpt.real.hf needs Hugging Face transformers, which is not installed: {INSTALL_HINT}") \
             from None
     return transformers
 
 
 def default_eos_id(vocab_size: int) -> int:
     """``<|endoftext|>`` (id 4095, the course tokenizer's last id); for other vocabularies the last id."""
-    from .tokenizer import load_tokenizer
     eot = load_tokenizer().eot_token
     return eot if eot < vocab_size else vocab_size - 1
 
@@ -179,3 +186,40 @@ def from_hf(hf_model) -> GPT:
         src = theirs[name]
         p.copy_(src.t() if _is_conv1d(name) else src)  # Conv1D (in, out) -> nn.Linear (out, in)
     return model.eval()
+
+
+def load_hf_smollm(device=None):
+    """transformers' own model from the same GGUF file (it dequantises to fp32 itself): the independent
+    implementation the exactness checks and the peer benchmark compare with."""
+    transformers = require_transformers()
+    path = gguf_path()
+    if path is None:
+        raise FileNotFoundError(MISSING_REASON)
+    with _no_progress_bars(transformers):
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                  dtype=torch.float32)
+    return model.to(device or "cpu").eval()
+
+
+@contextlib.contextmanager
+def _no_progress_bars(transformers):
+    """transformers without its progress bars (they would end up in notebook outputs), restored afterwards:
+    its own switch, and the GGUF converter's bar ("Converting and de-quantizing GGUF tensors"), which calls
+    tqdm directly and ignores that switch."""
+    from transformers.utils import logging as hf_logging
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        gguf_utils = None
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+        if was_enabled:
+            hf_logging.enable_progress_bar()

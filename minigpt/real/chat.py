@@ -5,7 +5,7 @@ the id that ends an answer, runs one of the decoders with an ``on_tokens`` callb
 accepted run as soon as it is verified. Text is decoded incrementally: a byte-level tokenizer can split a
 multi-byte character across tokens, so text that ends in an incomplete character (decoded as U+FFFD) is held
 back until the next round completes it -- what has been written is always the start of the final answer.
-:func:`chat_loop` is the REPL around it (history, ``/quit``, end of input). ``python -m minigpt.smollm chat``
+:func:`chat_loop` is the REPL around it (history, ``/quit``, end of input). ``python -m minigpt.real.smollm chat``
 runs both on SmolLM2-135M-Instruct.
 """
 from __future__ import annotations
@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .decoding import DecodeStats, generate, speculative_generate
-from .decoding.lookup import lookup_generate
-from .decoding.medusa import medusa_generate
+from ..decoding import DecodeStats, generate, speculative_generate
+from ..decoding.lookup import lookup_generate
+from ..decoding.medusa import medusa_generate
+from ..model import early_exit_draft
 
 SPECULATE = ("none", "lookup", "lookup-adaptive", "draft", "medusa", "self")
 LENGTH_MESSAGE = "[stopped at the length limit of {n} tokens]"
@@ -60,7 +61,6 @@ def decoder_for(speculate: str, model, drafters: Drafters | None = None) -> Call
             raise ValueError("--speculate medusa needs Medusa heads, and none are installed")
         return lambda prompt, n, **kw: medusa_generate(model, d.heads, prompt, n, paths=d.paths, **kw)
     if speculate == "self":
-        from .selfspec import early_exit_draft
         early = early_exit_draft(model, d.early_exit_layers or max(1, model.config.n_layer // 3))
         return lambda prompt, n, **kw: speculative_generate(model, early, prompt, n, gamma=d.gamma, **kw)
     raise ValueError(f"unknown --speculate {speculate!r}; choose one of {', '.join(SPECULATE)}")

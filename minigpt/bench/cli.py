@@ -1,0 +1,74 @@
+"""The command line of the benchmark, ``python -m minigpt.bench`` (its options: ``--help``)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from ..real.hf import require_transformers
+from .methods import METHODS
+from .run import check_device, check_methods, run_bench
+from .smollm2 import main_smollm2
+from .table import report
+
+DESCRIPTION = "Benchmark every decoding method on the same held-out prompts: ``python -m minigpt.bench``."
+BENCH_PRESETS = {"full": dict(n_code=8, n_edit=4, max_new_tokens=64, repeats=5),
+                 "quick": dict(n_code=3, n_edit=1, max_new_tokens=32, repeats=3)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minigpt.bench", description=DESCRIPTION)
+    ap.add_argument("--quick", action="store_true", help="fewer prompts, tokens and repeats")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
+    ap.add_argument("--device", default=None, help="cpu, cuda, mps ... (default: minigpt.get_device())")
+    ap.add_argument("--json", metavar="FILE", help="also write the records as JSON")
+    ap.add_argument("--gamma", type=int, default=None, help="draft length for methods that have one")
+    ap.add_argument("--n-code", type=int, help="number of code prompts")
+    ap.add_argument("--n-edit", type=int, help="number of edit (copy-heavy) prompts")
+    ap.add_argument("--max-new-tokens", type=int, help="tokens generated per prompt")
+    ap.add_argument("--repeats", type=int, help="timed repeats (medians are reported)")
+    ap.add_argument("--peers", action="store_true",
+                    help="also run Hugging Face transformers' decoders on the same weights (hf_plain, hf_assisted, "
+                         "hf_prompt_lookup); needs pip install -e '.[peers]'")
+    ap.add_argument("--model", choices=["course", "smollm2"], default="course",
+                    help="course: the shipped target and drafters (default); smollm2: the real model of Lesson 09 "
+                         "(fetch it first: python -m minigpt.real.smollm fetch)")
+    ap.add_argument("--kinds", default=None,
+                    help="smollm2 only: comma-separated request kinds (default all: edit,document,code,chat)")
+    ap.add_argument("--split", choices=["dev", "held-out", "all"], default="all",
+                    help="smollm2 only: the development requests, the held-out ones, or both (default; reported "
+                         "per set)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads for torch (default 1: the models are tiny, and on a busy machine more "
+                         "threads were measured to slow decoding down many times over; 0 = torch's default)")
+    args = ap.parse_args(argv)
+    try:
+        names = check_methods(args.methods.split(","))
+        dev = check_device(args.device)
+        if args.peers:
+            try:
+                require_transformers()
+            except ImportError as e:
+                raise ValueError(str(e)) from None
+    except ValueError as e:  # one line, no usage dump: the message says what to do
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 2
+    if args.threads < 0:
+        ap.error("threads must be 0 (torch's default) or more")
+    if args.threads and dev.type == "cpu":
+        torch.set_num_threads(args.threads)
+    if args.gamma is not None and args.gamma < 1:
+        ap.error("gamma must be at least 1")
+    if args.model == "smollm2":
+        return main_smollm2(args, ap.prog, names, dev)
+    cfg = dict(BENCH_PRESETS["quick" if args.quick else "full"])
+    for k in cfg:
+        if getattr(args, k) is not None:
+            cfg[k] = getattr(args, k)
+    if cfg["repeats"] < 1 or cfg["max_new_tokens"] < 1 or cfg["n_code"] + cfg["n_edit"] < 1:
+        ap.error("repeats, max-new-tokens and the number of prompts must be positive")
+    print(f"benchmarking {', '.join(names)} on {dev}: {cfg}", file=sys.stderr)
+    records = run_bench(names, gamma=args.gamma, device=dev, peers=args.peers,
+                        log=lambda m: print(m, file=sys.stderr), **cfg)
+    return report(records, args.json)

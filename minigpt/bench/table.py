@@ -1,0 +1,55 @@
+"""The benchmark's records as a plain-text table (:func:`format_table`), and the command's report."""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def format_table(records: list[dict]) -> str:
+    """A plain-text table of the records."""
+    head = f"{'method':<24}{'gamma':>6}{'tok/pass':>10}{'alpha':>8}{'tok/s (min-max)':>22}" \
+           f"{'speedup (min-max)':>22}{'identical':>11}"
+    lines = [head, "-" * len(head)]
+    for r in records:
+        a = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
+        g = "-" if r["gamma"] is None else str(r["gamma"])
+        tps = f"{r['tokens_per_s']:.1f} ({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f})"
+        sp = f"{r['speedup_vs_plain']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})"
+        lines.append(f"{r['method']:<24}{g:>6}{r['tokens_per_target_pass']:>10.2f}{a:>8}{tps:>22}{sp:>22}"
+                     f"{str(r['identical_to_plain_greedy']):>11}")
+    r0 = records[0]
+    for r in records:
+        if "ours_over_theirs" in r:
+            lines.append(f"{r['method']}: ours ({r['ours']}) / theirs = {r['ours_over_theirs']:.2f}x tokens/s, "
+                         f"identical tokens: {r['identical_to_ours']}")
+    groups = [(kind, lambda r, k=kind: r["by_kind"][k]) for kind in r0["by_kind"]] if len(r0["by_kind"]) > 1 else []
+    for sp, g in r0.get("by_split", {}).items():
+        groups.append((sp, lambda r, s=sp: r["by_split"][s]))
+        if len(g["by_kind"]) > 1:
+            groups += [(f"{sp} {kind}", lambda r, s=sp, k=kind: r["by_split"][s]["by_kind"][k]) for kind in g["by_kind"]]
+    if groups:
+        lines.append("per group: tokens per target pass, alpha, speedup over plain (median, min-max over repeats)")
+        for label, get in groups:
+            lines.append(f"  {label} ({get(r0)['n_prompts']} prompts)")
+            for r in records:
+                g = get(r)
+                a = "-" if g["acceptance_rate"] is None else f"{g['acceptance_rate']:.3f}"
+                lines.append(f"    {r['method']:<24}{g['tokens_per_target_pass']:>7.2f}{a:>8}    "
+                             f"{g['speedup_vs_plain']:.2f}x ({g['speedup_min']:.2f}-{g['speedup_max']:.2f})"
+                             f"{'' if g['identical_to_plain_greedy'] else '   NOT identical'}")
+    lines.append(f"{r0['n_prompts']} prompts, {r0['max_new_tokens']} new tokens each (at most), greedy, "
+                 f"{r0['repeats']} repeats (medians), device {r0['device']}, {r0['dtype']}, "
+                 f"{r0['torch_threads']} threads; alpha = accepted / tested drafted tokens (for tree, medusa and a lookup tree: "
+                 f"accepted / tree levels tested, their level acceptance)")
+    return "\n".join(lines)
+
+
+def report(records: list[dict], json_path: str | None) -> int:
+    """Print the table, write the records to ``json_path`` if given; the exit status: 0 when every method
+    reproduced plain greedy decoding, else 1."""
+    print(format_table(records))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(records, f, indent=2)
+        print(f"wrote {json_path}", file=sys.stderr)
+    return 0 if all(r["identical_to_plain_greedy"] for r in records) else 1
