@@ -9,10 +9,11 @@ import torch.nn.functional as F
 
 from conftest import ARCHS, random_model
 from minigpt import real
+from minigpt.real import distill
 from minigpt.decoding import generate
 from minigpt.decoding.plain import prefill
 from minigpt.cache import KVCache
-from minigpt.requests import stdlib_functions, training_requests
+from minigpt.real.requests import stdlib_functions, training_requests
 
 
 def test_training_requests_are_deterministic_varied_and_hold_out_the_lesson():
@@ -39,7 +40,7 @@ def test_stdlib_functions_are_small_dedented_and_parse():
 def test_answer_batch_targets_only_answer_tokens():
     tokens = np.arange(200, dtype=np.uint16)
     answer = ((np.arange(200) // 10) % 2).astype(np.uint8)    # alternating runs of 10 prompt / 10 answer tokens
-    x, y = real.answer_batch(tokens, answer, 4, 16, torch.Generator().manual_seed(0))
+    x, y = distill.answer_batch(tokens, answer, 4, 16, torch.Generator().manual_seed(0))
     assert x.shape == y.shape == (4, 16)
     kept = y != -100
     assert kept.any() and (~kept).any()
@@ -58,7 +59,7 @@ def test_distil_step_is_cross_entropy_at_the_target_positions(tmp_path):
     with torch.no_grad():
         expect = F.cross_entropy(run.model(x).flatten(0, 1), y.flatten(), ignore_index=-100).item()
     before = run.model.transformer.wte.weight.clone()
-    assert real.distil_step(run, x, y) == pytest.approx(expect, rel=1e-5)
+    assert distill.distil_step(run, x, y) == pytest.approx(expect, rel=1e-5)
     assert run.step == 1 and run.tokens == 2 * 7                # tokens counted: positions with a target
     assert not torch.equal(before, run.model.transformer.wte.weight)
 
@@ -66,7 +67,7 @@ def test_distil_step_is_cross_entropy_at_the_target_positions(tmp_path):
 def test_projected_embedding_keeps_the_main_directions():
     target = random_model(0, **ARCHS["llama"])
     emb = target.transformer.wte.weight.detach()
-    proj = real.projected_embedding(target, 8)
+    proj = distill.projected_embedding(target, 8)
     assert proj.shape == (emb.shape[0], 8) and proj.std().item() == pytest.approx(0.02, rel=1e-3)
     # a linear image of the embedding: the same least-squares fit of proj from emb leaves nothing over
     sol = torch.linalg.lstsq(emb, proj).solution
