@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from minigpt.decoding.lookup import find_candidates
-from minigpt.decoding.tree import tree_attention_mask, tree_depths, tree_position_ids
-from minigpt.decoding.verify import accept_tree_greedy, children_of
+from minigpt.decoding.candidates import children_of, tree_attention_mask, tree_depths, tree_position_ids
+from minigpt.decoding.verify import accept_tree_greedy
 from minigpt.grading import EXERCISES, check
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from minigpt.decoding.verify import accept_tree_sampled, children_of, residual_distribution
+from minigpt.decoding.candidates import children_of
+from minigpt.decoding.verify import accept_tree_sampled, residual_distribution
 from minigpt.exactness import accept_tree_per_path
 from minigpt.grading import EXERCISES, check
 from minigpt.grading import ex07, ex08

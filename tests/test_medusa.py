@@ -144,7 +144,7 @@ class OracleHeads(torch.nn.Module):
         with torch.no_grad():
             self.hidden = model(torch.tensor([seq]), return_hidden=True)[1][0]  # (T, C)
         self.seq, self.K, self.V = seq, K, model.config.vocab_size
-        self.heads = [None] * K
+        self.num_heads = K  # what the decoder asks of heads: num_heads, and hidden (C,) -> logits (num_heads, V)
 
     def forward(self, h):
         i = int((self.hidden - h).norm(dim=-1).argmin())

@@ -11,7 +11,7 @@ from conftest import ARCHS, random_model
 from minigpt import real
 from minigpt.real import distill
 from minigpt.decoding import generate
-from minigpt.decoding.plain import prefill
+from minigpt.decoding.session import prefill
 from minigpt.cache import KVCache
 from minigpt.real.requests import stdlib_functions, training_requests
 

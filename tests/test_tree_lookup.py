@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from minigpt import GPT, GPTConfig, KVCache, generate
+from minigpt.decoding import (tree_attention_mask, tree_from_paths, tree_generate, tree_position_ids,
+                              verify_tree)
 from minigpt.decoding.lookup import find_candidate_tree, find_candidates, lookup_generate, ngram_matches
-from minigpt.decoding.tree import (tree_attention_mask, tree_from_paths, tree_generate,
-                                   tree_position_ids, verify_tree)
 from minigpt.decoding.verify import accept_tree_sampled, residual_distribution
 from minigpt.sampling import SamplingConfig
 

@@ -19,18 +19,13 @@ sequence so far: exactness is untouched (greedy: identical output; sampled: the 
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
-import torch
 
-from ..cache import KVCache
 from ..model import GPT
-from ..sampling import SamplingConfig, make_generator
-from .chain import verify_chain
-from .plain import as_prompt, check_length, prefill
-from .stats import DecodeStats, Stream, trim
-from .tree import verify_tree
+from .candidates import Proposal, adapt_length
+from .session import Proposer, Session, decode
+from .stats import DecodeStats
+from .verify import Verified
 
 
 def ngram_matches(seq, n: int) -> list[int]:
@@ -97,13 +92,43 @@ def replay_lookup(prompt, output, max_ngram: int = 3, num_pred: int = 8, min_ngr
         while n < len(proposal) and proposal[n] == output[done + n]:
             n += 1
         rounds.append((len(proposal), n))
-        if adaptive and proposal:
-            k = min(k + 2, max_pred) if n == len(proposal) else max(1, k - 1)
+        if adaptive:
+            k = adapt_length(k, len(proposal), n, max_pred)
         done += n + 1
     return rounds
 
 
-@torch.no_grad()
+class Lookup(Proposer):
+    """Prompt lookup as a chain: the ``num_pred`` tokens after the latest earlier match of the longest suffix
+    n-gram (:func:`find_candidates`); ``adaptive``: the length follows acceptance (:func:`adapt_length`)."""
+
+    def __init__(self, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1, adaptive: bool = False,
+                 max_pred: int = 32):
+        self.max_ngram, self.k, self.min_ngram = max_ngram, num_pred, min_ngram
+        self.adaptive, self.max_pred = adaptive, max_pred
+
+    def propose(self, session: Session, room: int) -> Proposal:
+        drafted = find_candidates(session.seq, self.max_ngram, self.k, self.min_ngram)[:room]
+        return Proposal.chain(session.seq[-1], drafted)  # copied tokens: deterministic, one-hot q
+
+    def observe(self, proposal: Proposal, verified: Verified) -> None:
+        if self.adaptive:  # the next length, from this round's outcome only
+            self.k = adapt_length(self.k, len(proposal.candidates), len(verified.path), self.max_pred)
+
+
+class LookupTree(Proposer):
+    """Prompt lookup as a tree: the continuations of up to ``max_matches`` earlier matches, merged
+    (:func:`find_candidate_tree`)."""
+
+    def __init__(self, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1, max_matches: int = 4):
+        self.max_ngram, self.num_pred, self.min_ngram, self.max_matches = max_ngram, num_pred, min_ngram, max_matches
+
+    def propose(self, session: Session, room: int) -> Proposal:
+        tokens, parents = find_candidate_tree(session.seq, self.max_ngram, min(self.num_pred, room), self.min_ngram,
+                                              self.max_matches)
+        return Proposal(tokens, parents) if room else Proposal(tokens[:1], parents[:1])
+
+
 def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3, num_pred: int = 8,
                     min_ngram: int = 1, tree: bool = False, max_matches: int = 4, temperature: float = 0.0,
                     top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -125,43 +150,6 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
         raise ValueError("adaptive proposal lengths are for the chain (tree=False)")
     if adaptive and max_pred < num_pred:
         raise ValueError(f"max_pred ({max_pred}) must be at least the starting length num_pred ({num_pred})")
-    cfg = SamplingConfig(temperature, top_k, top_p)
-    idx = as_prompt(prompt, target)
-    n_prompt = idx.shape[1]
-    check_length(target, n_prompt, max_new_tokens)
-    gen = make_generator(seed)
-    stats = stats if stats is not None else DecodeStats()
-    t0 = time.perf_counter()
-    cache = KVCache.for_model(target)
-    prefill(target, cache, idx)
-    stats.prefills += 1
-    stream = Stream(stats, max_new_tokens, eos_id, on_tokens)
-    seq = idx[0].tolist()
-    V = target.config.vocab_size
-    k = num_pred  # the proposal length (changes between rounds only when adaptive)
-    while len(seq) - n_prompt < max_new_tokens:
-        room = max_new_tokens - (len(seq) - n_prompt) - 1  # drafted tokens that can still be used
-        if tree:
-            tokens, parents = find_candidate_tree(seq, max_ngram, min(num_pred, room), min_ngram, max_matches)
-            tokens, parents = (tokens, parents) if room else (tokens[:1], parents[:1])
-            q = torch.nn.functional.one_hot(torch.tensor(tokens), V).float()
-            new, path, _ = verify_tree(target, cache, tokens, parents, cfg, gen, q)
-            stats.add_tree_round(parents, path)
-            n_acc = len(path)
-        else:
-            drafted = find_candidates(seq, max_ngram, k, min_ngram)[:room]
-            q = torch.nn.functional.one_hot(torch.tensor(drafted, dtype=torch.long), V).float()
-            new = verify_chain(target, cache, seq[-1], drafted, cfg, gen, q)
-            n_acc = len(new) - 1
-            cache.crop(len(seq) + n_acc)  # the sequence plus the accepted drafts; new[-1] is pending
-            stats.add_round(len(drafted), n_acc, min(n_acc + 1, len(drafted)))
-            if adaptive and drafted:  # the next proposal length, from this round's outcome only
-                k = min(k + 2, max_pred) if n_acc == len(drafted) else max(1, k - 1)
-        seq.extend(new)
-        stream.emit(new, n_acc)
-        if eos_id is not None and eos_id in new:
-            break
-    out = trim(seq[n_prompt:], max_new_tokens, eos_id)
-    stats.new_tokens += len(out)
-    stats.wall_time += time.perf_counter() - t0
-    return out, stats
+    proposer = (LookupTree(max_ngram, num_pred, min_ngram, max_matches) if tree
+                else Lookup(max_ngram, num_pred, min_ngram, adaptive, max_pred))
+    return decode(target, prompt, max_new_tokens, proposer, temperature, top_k, top_p, seed, eos_id, stats, on_tokens)

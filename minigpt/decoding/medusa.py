@@ -1,8 +1,8 @@
 """Medusa decoding: the target drafts for itself with extra heads, then verifies a candidate tree.
 
 Each round the heads read the target's hidden state at the last accepted position and propose their top
-tokens for the next few positions; a fixed sparse tree (:func:`minigpt.medusa.sparse_tree_paths`) picks which
-combinations to try; one target pass verifies the whole tree (:func:`.tree.verify_tree`) and also yields the
+tokens for the next few positions; a fixed sparse tree (:func:`minigpt.heads.sparse_tree_paths`) picks which
+combinations to try; one target pass verifies the whole tree (:func:`.verify.verify`) and also yields the
 hidden state the heads read next. No draft model and no extra passes.
 
 Acceptance, two options:
@@ -15,17 +15,16 @@ Acceptance, two options:
 """
 from __future__ import annotations
 
-import time
+from functools import partial
 
 import torch
 
-from ..cache import KVCache
 from ..model import GPT
-from ..sampling import SamplingConfig, make_generator, sample
-from .plain import as_prompt, check_length, prefill
-from .stats import DecodeStats, Stream, trim
-from .tree import tree_from_paths, verify_tree
-from .verify import children_of
+from ..sampling import SamplingConfig, sample
+from .candidates import Proposal, children_of, ordered_paths, tree_from_paths
+from .session import Proposer, Session, decode
+from .stats import DecodeStats
+from .verify import greedy_rule
 
 
 def medusa_candidates(head_logits: torch.Tensor, root: int, paths) -> tuple[list[int], list[int]]:
@@ -34,7 +33,7 @@ def medusa_candidates(head_logits: torch.Tensor, root: int, paths) -> tuple[list
     head_logits: (K, V), the heads' logits at the last accepted position. Returns (tokens, parents) with the
     root first."""
     parents = tree_from_paths(paths)
-    order = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
+    order = ordered_paths(paths)
     max_rank = max(r for p in order for r in p) + 1
     top = head_logits.topk(max_rank, dim=-1).indices.tolist()  # (K, max_rank)
     tokens = [root] + [top[len(p) - 1][p[-1]] for p in order]
@@ -42,7 +41,8 @@ def medusa_candidates(head_logits: torch.Tensor, root: int, paths) -> tuple[list
 
 
 def typical_acceptance(cfg: SamplingConfig, generator, epsilon: float = 0.09, delta: float = 0.3):
-    """Medusa's typical acceptance as an ``accept`` rule for :func:`.tree.verify_tree` (not exact).
+    """Medusa's typical acceptance as an ``accept`` rule of (tokens, parents, logits) for
+    :func:`.verify.verify_tree` (not exact).
 
     A node passes when the target's probability of its token, at its parent, exceeds
     min(epsilon, delta * exp(-entropy of the target's distribution there)). The longest root-to-node path of
@@ -68,7 +68,33 @@ def typical_acceptance(cfg: SamplingConfig, generator, epsilon: float = 0.09, de
     return accept
 
 
-@torch.no_grad()
+class Medusa(Proposer):
+    """The heads, reading the target's hidden state before the root, fill the candidate tree ``paths``
+    (:func:`medusa_candidates`); levels beyond the room left are dropped. ``heads``: anything with ``num_heads``
+    that maps a hidden state (C,) to logits (num_heads, V), such as :class:`minigpt.heads.MedusaHeads`."""
+    needs_hidden = True
+
+    def __init__(self, heads, paths):
+        self.heads, self.paths = heads, [tuple(p) for p in paths]
+        if max(len(p) for p in self.paths) > heads.num_heads:
+            raise ValueError(f"the tree is {max(len(p) for p in self.paths)} deep but there are only "
+                             f"{heads.num_heads} heads")
+
+    def propose(self, session: Session, room: int) -> Proposal:
+        paths = [p for p in self.paths if len(p) <= room]
+        if session.hidden is None or not paths:  # a one-token prompt has no hidden state yet
+            return Proposal([session.seq[-1]], [-1])
+        return Proposal(*medusa_candidates(self.heads(session.hidden), session.seq[-1], paths))
+
+
+def _typical_rule(epsilon: float, delta: float, sampling: SamplingConfig, generator):
+    """Typical acceptance as a session rule; greedy decoding keeps the exact greedy rule."""
+    if sampling.greedy:
+        return greedy_rule
+    accept = typical_acceptance(sampling, generator, epsilon, delta)
+    return lambda proposal, logits: accept(proposal.tokens, proposal.parents, logits)
+
+
 def medusa_generate(target: GPT, heads, prompt, max_new_tokens: int, paths=None, acceptance: str = "exact",
                     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                     seed: int | None = None, eos_id: int | None = None, epsilon: float = 0.09, delta: float = 0.3,
@@ -79,41 +105,7 @@ def medusa_generate(target: GPT, heads, prompt, max_new_tokens: int, paths=None,
     on_tokens: called with each round's tokens (streaming); ``stats.from_draft`` marks the heads' accepted ones."""
     if acceptance not in ("exact", "typical"):
         raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
-    cfg = SamplingConfig(temperature, top_k, top_p)
-    paths = [tuple(p) for p in (paths or [(0,) * d for d in range(1, len(heads.heads) + 1)])]
-    if max(len(p) for p in paths) > len(heads.heads):
-        raise ValueError(f"the tree is {max(len(p) for p in paths)} deep but there are only {len(heads.heads)} heads")
-    idx = as_prompt(prompt, target)
-    n_prompt = idx.shape[1]
-    check_length(target, n_prompt, max_new_tokens)
-    gen = make_generator(seed)
-    accept = typical_acceptance(cfg, gen, epsilon, delta) if acceptance == "typical" and not cfg.greedy else None
-    stats = stats if stats is not None else DecodeStats()
-    t0 = time.perf_counter()
-    cache = KVCache.for_model(target)
-    hidden = None  # the target's hidden state at the position before the root
-    if n_prompt > 1:
-        _, h = target(idx[:, :-1], cache=cache, return_hidden=True)
-        hidden = h[0, -1]
-    stats.prefills += 1
-    stream = Stream(stats, max_new_tokens, eos_id, on_tokens)
-    seq = idx[0].tolist()
-    V = target.config.vocab_size
-    while len(seq) - n_prompt < max_new_tokens:
-        room = max_new_tokens - (len(seq) - n_prompt) - 1
-        round_paths = [p for p in paths if len(p) <= room]
-        if hidden is None or not round_paths:
-            tokens, parents = [seq[-1]], [-1]
-        else:
-            tokens, parents = medusa_candidates(heads(hidden), seq[-1], round_paths)
-        q = torch.nn.functional.one_hot(torch.tensor(tokens), V).float()
-        new, path, hidden = verify_tree(target, cache, tokens, parents, cfg, gen, q, accept)
-        stats.add_tree_round(parents, path)
-        seq.extend(new)
-        stream.emit(new, len(path))
-        if eos_id is not None and eos_id in new:
-            break
-    out = trim(seq[n_prompt:], max_new_tokens, eos_id)
-    stats.new_tokens += len(out)
-    stats.wall_time += time.perf_counter() - t0
-    return out, stats
+    paths = paths or [(0,) * d for d in range(1, heads.num_heads + 1)]
+    rule = partial(_typical_rule, epsilon, delta) if acceptance == "typical" else None
+    return decode(target, prompt, max_new_tokens, Medusa(heads, paths), temperature, top_k, top_p, seed, eos_id,
+                  stats, on_tokens, rule)

@@ -17,7 +17,7 @@ class DecodeStats:
     wall_time: float = 0.0     # seconds
     gammas: list[int] = field(default_factory=list)  # draft length used in each round
     # one entry per output token: True if it was drafted and accepted, False if the target made it (a plain
-    # step, the bonus token after a full accept, or the replacement at a rejection); see Stream
+    # step, the bonus token after a full accept, or the replacement at a rejection); see decoding.session.Stream
     from_draft: list[bool] = field(default_factory=list)
 
     def add_round(self, drafted: int, accepted: int, tested: int) -> None:
@@ -30,8 +30,9 @@ class DecodeStats:
         self.accepted += accepted
 
     def add_tree_round(self, parents, path: list[int]) -> None:
-        """Book a verified tree: the acceptance rule tested one candidate level per accepted node, plus the
-        level where it stopped if the last accepted node (or the root) had children."""
+        """Book a verified proposal (a tree; a chain is a tree too): the acceptance rule tested one candidate
+        level per accepted node, plus the level where it stopped if the last accepted node (or the root) had
+        children. For a chain that is min(accepted + 1, drafted)."""
         end = path[-1] if path else 0
         stopped_at_candidates = any(p == end for p in parents)
         self.add_round(len(parents) - 1, len(path), len(path) + int(stopped_at_candidates))
@@ -70,35 +71,3 @@ class DecodeStats:
                  tokens_per_target_pass=self.tokens_per_target_pass,
                  tokens_per_s=self.tokens_per_s)
         return d
-
-
-class Stream:
-    """One decoding call's output as the rounds produce it.
-
-    ``emit(new, n_drafted)`` takes a round's tokens, of which the first ``n_drafted`` were drafted and
-    accepted, cuts them exactly as the call's returned output will be cut (after ``eos_id``, at
-    ``max_new_tokens``), appends their origin to ``stats.from_draft``, and passes them to ``on_tokens`` (if
-    given) -- so the pieces handed to ``on_tokens`` join into the returned output, and streaming changes
-    nothing the decoder computes."""
-
-    def __init__(self, stats: DecodeStats, max_new_tokens: int, eos_id: int | None = None, on_tokens=None):
-        self.stats, self.left, self.eos_id, self.on_tokens = stats, max_new_tokens, eos_id, on_tokens
-        self.done = False
-
-    def emit(self, new: list[int], n_drafted: int) -> None:
-        if self.done:
-            return
-        kept = trim(list(new), self.left, self.eos_id)
-        self.left -= len(kept)
-        self.done = self.left <= 0 or (self.eos_id is not None and self.eos_id in kept)
-        k = min(n_drafted, len(kept))
-        self.stats.from_draft.extend([True] * k + [False] * (len(kept) - k))
-        if self.on_tokens is not None and kept:
-            self.on_tokens(kept)
-
-
-def trim(out: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
-    """The output a decoder returns: cut after the first ``eos_id`` and at ``max_new_tokens``."""
-    if eos_id is not None and eos_id in out:
-        out = out[:out.index(eos_id) + 1]
-    return out[:max_new_tokens]

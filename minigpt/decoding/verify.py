@@ -1,7 +1,7 @@
-"""The acceptance rules: given what the drafter proposed and what the target thinks, which tokens stand.
+"""Verification: the target scores a proposal in one pass, an acceptance rule decides which candidates stand,
+and the KV cache is rolled back to the accepted tokens.
 
-Every speculative method in this package (chain, tree, prompt lookup, Medusa) ends in one of these
-functions, so the exactness argument is made once, here.
+Every speculative method in this package ends in :func:`verify`, so the exactness argument is made once, here.
 
 Speculative sampling (Leviathan et al. 2022, arXiv:2211.17192; Chen et al. 2023, arXiv:2302.01318): a drafted
 token x, drawn from the draft's distribution q, is accepted with probability min(1, p(x) / q(x)), where p is the
@@ -13,12 +13,22 @@ because Z = sum_y max(0, p(y) - q(y)) = 1 - sum_y min(p(y), q(y)).
 
 With greedy decoding p and q are one-hot, and the rule reduces to "accept while the drafted token is the
 target's argmax, then emit the target's argmax".
+
+The cache invariant, kept here and nowhere else: before a round the target's cache holds the sequence
+without its last token (the proposal's root); after :func:`verify` it holds the sequence plus the accepted
+candidates, and the round's final token (the target's own) is the next root.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
-from ..sampling import sample
+from ..cache import KVCache
+from ..model import GPT
+from ..sampling import SamplingConfig, sample
+from .candidates import Proposal, children_of, tree_attention_mask, tree_position_ids
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -74,15 +84,6 @@ def accept_greedy(draft_tokens, target_argmax) -> list[int]:
     return out
 
 
-def children_of(parents) -> list[list[int]]:
-    """For a parent array (``parents[0] == -1`` is the root), the children of every node, in index order."""
-    kids: list[list[int]] = [[] for _ in parents]
-    for i, p in enumerate(parents):
-        if p >= 0:
-            kids[p].append(i)
-    return kids
-
-
 def accept_tree_greedy(tokens, parents, target_argmax) -> tuple[list[int], int]:
     """Greedy verification of a token tree.
 
@@ -126,3 +127,103 @@ def accept_tree_sampled(tokens, parents, q: torch.Tensor, p: torch.Tensor,
             return path, sample(dist, generator)
         path.append(c)
         node = c
+
+
+# An acceptance rule: (proposal, the target's logits at every node) -> (accepted node indices after the root,
+# the round's final token). rule_for() picks the exact one; Medusa's typical acceptance is another.
+Rule = Callable[[Proposal, torch.Tensor], tuple[list[int], int]]
+
+
+def greedy_rule(proposal: Proposal, logits: torch.Tensor) -> tuple[list[int], int]:
+    """Exact greedy acceptance: follow the target's argmax down the tree."""
+    choice = logits.argmax(-1).tolist()
+    if proposal.is_chain:
+        out = accept_greedy(proposal.candidates, choice)
+        return list(range(1, len(out))), out[-1]
+    return accept_tree_greedy(proposal.tokens, proposal.parents, choice)
+
+
+def sampled_rule(sampling: SamplingConfig, generator: torch.Generator | None = None) -> Rule:
+    """Exact sampled acceptance under ``sampling`` (the target's temperature, top-k, top-p): speculative
+    sampling for a chain, recursive rejection sampling over siblings for a tree."""
+    def rule(proposal: Proposal, logits: torch.Tensor) -> tuple[list[int], int]:
+        p = sampling.probs(logits)
+        q = proposal.candidate_q(logits.shape[-1]).to(p.device)
+        if proposal.is_chain:
+            out = accept_sampled(proposal.candidates, q, p, generator)
+            return list(range(1, len(out))), out[-1]
+        q = torch.cat([q.new_zeros(1, q.shape[-1]), q])  # accept_tree_sampled indexes q by node
+        return accept_tree_sampled(proposal.tokens, proposal.parents, q, p, generator)
+    return rule
+
+
+def rule_for(sampling: SamplingConfig, generator: torch.Generator | None = None) -> Rule:
+    """The exact acceptance rule for these sampling settings."""
+    return greedy_rule if sampling.greedy else sampled_rule(sampling, generator)
+
+
+@torch.no_grad()
+def score_tree(model: GPT, cache: KVCache, tokens, parents, return_hidden: bool = False):
+    """One pass of ``model`` over a flattened tree placed after the cache; returns logits (N, V), and the final
+    hidden states (N, C) too with ``return_hidden``. The cache grows by N; the caller crops or compacts it."""
+    mask = tree_attention_mask(parents).to(model.device)
+    pos = tree_position_ids(parents, cache.length).to(model.device)
+    idx = torch.tensor([list(tokens)], device=model.device)
+    out = model(idx, cache=cache, position_ids=pos, attn_mask=mask, return_hidden=return_hidden)
+    return (out[0][0], out[1][0]) if return_hidden else out[0]
+
+
+@dataclass
+class Verified:
+    """What a round decided. tokens: the accepted candidates, then the target's own token (the next root);
+    path: the accepted node indices; hidden: the target's final hidden state at the last accepted node (the
+    position before the new root), if asked for."""
+    tokens: list[int]
+    path: list[int]
+    hidden: torch.Tensor | None = None
+
+
+@torch.no_grad()
+def verify(target: GPT, cache: KVCache, proposal: Proposal, rule: Rule, return_hidden: bool = False) -> Verified:
+    """Score ``proposal`` with the target in one pass, apply ``rule``, and roll the cache back to the sequence
+    plus the accepted candidates: a chain is cropped, a tree compacted to its accepted path.
+
+    A chain is scored with the ordinary causal mask (for a chain it is the tree mask), which is cheaper."""
+    start = cache.length
+    if proposal.is_chain:
+        out = target(torch.tensor([proposal.tokens], device=target.device), cache=cache, return_hidden=return_hidden)
+        logits, hidden = (out[0][0], out[1][0]) if return_hidden else (out[0], None)
+    else:
+        out = score_tree(target, cache, proposal.tokens, proposal.parents, return_hidden)
+        logits, hidden = out if return_hidden else (out, None)
+    path, last = rule(proposal, logits)
+    if proposal.is_chain:
+        cache.crop(start + 1 + len(path))
+    else:
+        cache.compact(start, [0] + path)  # keep the root and the accepted nodes, contiguous
+    return Verified([int(proposal.tokens[i]) for i in path] + [int(last)], path,
+                    hidden[path[-1] if path else 0] if return_hidden else None)
+
+
+def verify_chain(target: GPT, cache: KVCache, pending: int, tokens: list[int], cfg: SamplingConfig,
+                 generator: torch.Generator | None = None, q: torch.Tensor | None = None) -> list[int]:
+    """Score ``pending`` + the drafted ``tokens`` in one pass and apply the exact rule for ``cfg``; q: (len(tokens),
+    V), the distributions they were drawn from (None: deterministic proposals, one-hot q).
+
+    Returns the accepted drafted tokens plus one target token; the cache is rolled back to hold the sequence
+    and the accepted tokens (the returned last token is the next pending one)."""
+    return verify(target, cache, Proposal.chain(pending, tokens, q), rule_for(cfg, generator)).tokens
+
+
+def verify_tree(target: GPT, cache: KVCache, tokens, parents, cfg: SamplingConfig,
+                generator: torch.Generator | None = None, q: torch.Tensor | None = None, accept=None):
+    """Score a token tree in one pass, pick the accepted path, and compact the cache to it.
+
+    q: (N, V), q[i] the distribution node i was proposed from (row 0, the root's, unused; None: one-hot).
+    ``accept`` replaces the acceptance rule: a function of (tokens, parents, target logits) -> (path, token).
+    Returns (accepted tokens after the root, followed by the final token), (accepted node indices), and the
+    target's final hidden state at the last accepted node (what Medusa heads read next)."""
+    proposal = Proposal(list(tokens), list(parents), None if q is None else q[1:])
+    rule = rule_for(cfg, generator) if accept is None else (lambda pr, logits: accept(pr.tokens, pr.parents, logits))
+    v = verify(target, cache, proposal, rule, return_hidden=True)
+    return v.tokens, v.path, v.hidden

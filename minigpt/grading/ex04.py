@@ -13,8 +13,8 @@ import numbers
 import torch
 
 from ..cache import KVCache
-from ..decoding.tree import tree_attention_mask, tree_depths, tree_position_ids
-from ..decoding.verify import accept_tree_greedy, children_of
+from ..decoding.candidates import children_of, tree_attention_mask, tree_depths, tree_position_ids
+from ..decoding.verify import accept_tree_greedy
 from ..model import GPT, GPTConfig
 from .core import Exercise, Mismatch, expect_token_list
 from .helpers import call_unchanged, pick_hint

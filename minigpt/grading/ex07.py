@@ -19,7 +19,8 @@ import numbers
 
 import torch
 
-from ..decoding.verify import accept_tree_greedy, accept_tree_sampled, children_of
+from ..decoding.candidates import children_of
+from ..decoding.verify import accept_tree_greedy, accept_tree_sampled
 from ..exactness import toy_tree
 from .core import Exercise, Mismatch, expect_distribution, expect_token_list, tv_distance
 from .helpers import call_unchanged, expect_reproducible, pick_hint

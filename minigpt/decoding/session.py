@@ -1,0 +1,216 @@
+"""One decoding loop for every method: a :class:`Session` owns a generation, a :class:`Proposer` drafts.
+
+Plain, chain, tree, prompt lookup, Medusa and self-speculation differ in one thing only: what they propose
+each round. Everything else is the same and lives here, once:
+
+* the prompt and length checks, the generator (``seed``), the stopping rules (``max_new_tokens``, ``eos_id``);
+* the target's KV cache and, for a proposer with a draft model, the draft's; the prefill of both;
+* the round: ask the proposer for a :class:`~.candidates.Proposal`, :func:`~.verify.verify` it (one target
+  pass, the acceptance rule, the cache rollback), book it in the :class:`~.stats.DecodeStats`, stream the
+  accepted tokens, roll the draft's cache back;
+* the wall time and the output, cut exactly where the stopping rules say.
+
+Cache invariant between rounds: the target's cache holds the sequence without its last token (the next
+round's root). The draft's cache holds a prefix of that (a proposer feeds it what it has not seen yet).
+
+A new method is one proposer::
+
+    class RepeatLast(Proposer):                      # propose "the last token again", twice
+        def propose(self, session, room):
+            return Proposal.chain(session.seq[-1], [session.seq[-1]] * min(2, room))
+
+    ids, stats = decode(target, prompt, 64, RepeatLast())   # exact: greedy output identical to generate()
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from ..cache import KVCache
+from ..model import GPT
+from ..sampling import SamplingConfig, make_generator
+from .candidates import Proposal
+from .stats import DecodeStats
+from .verify import Rule, Verified, rule_for, verify
+
+
+def as_prompt(prompt, model: GPT) -> torch.Tensor:
+    """A prompt given as a list of ids or a 1-D tensor -> a (1, T) LongTensor on the model's device."""
+    ids = torch.as_tensor(prompt, dtype=torch.long)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError(f"prompt must be a non-empty 1-D sequence of token ids, got shape {tuple(ids.shape)}")
+    if int(ids.min()) < 0 or int(ids.max()) >= model.config.vocab_size:
+        raise ValueError(f"prompt holds token ids outside the vocabulary [0, {model.config.vocab_size})")
+    return ids.to(model.device)[None]
+
+
+def check_length(model: GPT, prompt_len: int, max_new_tokens: int, extra: int = 0) -> None:
+    """Fail early, in one line, when prompt + generation (+ ``extra`` lookahead) exceeds the context."""
+    need = prompt_len + max_new_tokens + extra
+    if need > model.config.block_size:
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens})"
+                         f"{f' + lookahead ({extra})' if extra else ''} = {need} exceeds the model's context "
+                         f"of {model.config.block_size} tokens")
+
+
+@torch.no_grad()
+def prefill(model: GPT, cache: KVCache, idx: torch.Tensor, return_hidden: bool = False):
+    """Run every prompt token but the last through ``model`` in one pass, filling ``cache``.
+
+    The last prompt token is left for the first decoding pass: the cache then holds the sequence minus its last
+    token, the invariant every round keeps. Only keys and values are needed, so the output layer is skipped
+    (``hidden_states``): with a large vocabulary it would cost more than the rest of the pass (SmolLM2: 49152 x
+    576 weights per prompt token). With ``return_hidden``, returns the final hidden state at the last prefilled
+    position (None for a one-token prompt): what Medusa heads read."""
+    if idx.shape[1] < 2:
+        return None
+    h = model.hidden_states(idx[:, :-1], cache=cache)
+    return h[0, -1] if return_hidden else None
+
+
+def trim(out: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
+    """The output a decoder returns: cut after the first ``eos_id`` and at ``max_new_tokens``."""
+    if eos_id is not None and eos_id in out:
+        out = out[:out.index(eos_id) + 1]
+    return out[:max_new_tokens]
+
+
+class Stream:
+    """One decoding call's output as the rounds produce it.
+
+    ``emit(new, n_drafted)`` takes a round's tokens, of which the first ``n_drafted`` were drafted and
+    accepted, cuts them exactly as the call's returned output will be cut (after ``eos_id``, at
+    ``max_new_tokens``), appends their origin to ``stats.from_draft``, and passes them to ``on_tokens`` (if
+    given) -- so the pieces handed to ``on_tokens`` join into the returned output, and streaming changes
+    nothing the decoder computes."""
+
+    def __init__(self, stats: DecodeStats, max_new_tokens: int, eos_id: int | None = None, on_tokens=None):
+        self.stats, self.left, self.eos_id, self.on_tokens = stats, max_new_tokens, eos_id, on_tokens
+        self.done = False
+
+    def emit(self, new: list[int], n_drafted: int) -> None:
+        if self.done:
+            return
+        kept = trim(list(new), self.left, self.eos_id)
+        self.left -= len(kept)
+        self.done = self.left <= 0 or (self.eos_id is not None and self.eos_id in kept)
+        k = min(n_drafted, len(kept))
+        self.stats.from_draft.extend([True] * k + [False] * (len(kept) - k))
+        if self.on_tokens is not None and kept:
+            self.on_tokens(kept)
+
+
+class Proposer:
+    """What a decoding method contributes: the candidates of each round.
+
+    Class attributes a proposer may set:
+    ``draft``        a draft model; the session checks it, keeps its KV cache (``session.draft_cache``,
+                     prefilled like the target's and rolled back after every round) and passes it nothing else;
+    ``needs_hidden`` the session keeps ``session.hidden``, the target's final hidden state at the position
+                     before the root (Medusa's heads read it);
+    ``speculative``  False for plain decoding: its passes are not draft-then-verify rounds in the statistics."""
+    draft: GPT | None = None
+    needs_hidden: bool = False
+    speculative: bool = True
+
+    def propose(self, session: "Session", room: int) -> Proposal:
+        """This round's candidates after ``session.seq``; ``room``: how many candidate levels can still be used
+        (a deeper node would only be cut off at ``max_new_tokens``)."""
+        raise NotImplementedError
+
+    def observe(self, proposal: Proposal, verified: Verified) -> None:
+        """Called after each round with its outcome (adaptive proposers change their length here)."""
+
+
+class Session:
+    """One generation with ``target``: checks, caches, prefill, generator, stopping, statistics, timing.
+
+    ``run(proposer)`` decodes to the end and returns (new ids, stats). ``rule``: a function of (sampling,
+    generator) returning the acceptance rule (default: the exact one, :func:`~.verify.rule_for`)."""
+
+    def __init__(self, target: GPT, prompt, max_new_tokens: int, sampling: SamplingConfig | None = None,
+                 seed: int | None = None, eos_id: int | None = None, stats: DecodeStats | None = None,
+                 on_tokens=None, draft: GPT | None = None, needs_hidden: bool = False,
+                 rule: Callable[[SamplingConfig, torch.Generator | None], Rule] | None = None):
+        idx = as_prompt(prompt, target)
+        n_prompt = idx.shape[1]
+        check_length(target, n_prompt, max_new_tokens)
+        if draft is not None:
+            if draft.config.vocab_size != target.config.vocab_size:
+                raise ValueError(f"target and draft vocabularies differ ({target.config.vocab_size} vs "
+                                 f"{draft.config.vocab_size}): they must share a tokenizer")
+            check_length(draft, n_prompt, max_new_tokens)
+        self.target, self.draft = target, draft
+        self.sampling = sampling if sampling is not None else SamplingConfig()
+        self.generator = make_generator(seed)
+        self.rule = (rule or rule_for)(self.sampling, self.generator)
+        self.max_new_tokens, self.eos_id, self.needs_hidden = max_new_tokens, eos_id, needs_hidden
+        self.stats = stats if stats is not None else DecodeStats()
+        self.t0 = time.perf_counter()
+        self.seq: list[int] = idx[0].tolist()  # the prompt and every token decided so far
+        self.n_prompt = n_prompt
+        self.cache = KVCache.for_model(target)
+        self.hidden = prefill(target, self.cache, idx, return_hidden=needs_hidden)
+        self.draft_cache = None
+        if draft is not None:
+            self.draft_cache = KVCache.for_model(draft)
+            prefill(draft, self.draft_cache, idx.to(draft.device))
+        self.stats.prefills += 1
+        self.stream = Stream(self.stats, max_new_tokens, eos_id, on_tokens)
+        self.ended = False  # set once eos_id was produced
+
+    @property
+    def n_new(self) -> int:
+        return len(self.seq) - self.n_prompt
+
+    @property
+    def finished(self) -> bool:
+        return self.ended or self.n_new >= self.max_new_tokens
+
+    def step(self, proposer: Proposer) -> Verified:
+        """One round: propose, verify (one target pass), book, extend the sequence, roll the draft back."""
+        proposal = proposer.propose(self, self.max_new_tokens - self.n_new - 1)
+        verified = verify(self.target, self.cache, proposal, self.rule, return_hidden=self.needs_hidden)
+        self.stats.draft_passes += proposal.draft_passes
+        if proposer.speculative:
+            self.stats.add_tree_round(proposal.parents, verified.path)
+        else:
+            self.stats.target_passes += 1
+        proposer.observe(proposal, verified)
+        self.seq.extend(verified.tokens)
+        self.hidden = verified.hidden
+        if self.draft_cache is not None:  # keep only what the draft saw of the sequence, without its last token
+            self.draft_cache.crop(min(self.draft_cache.length, len(self.seq) - 1))
+        self.stream.emit(verified.tokens, len(verified.path))
+        self.ended = self.eos_id is not None and self.eos_id in verified.tokens
+        return verified
+
+    def run(self, proposer: Proposer) -> tuple[list[int], DecodeStats]:
+        """Rounds until ``max_new_tokens`` or ``eos_id``; returns (new ids, stats)."""
+        with torch.no_grad():
+            while not self.finished:
+                self.step(proposer)
+        out = trim(self.seq[self.n_prompt:], self.max_new_tokens, self.eos_id)
+        self.stats.new_tokens += len(out)
+        self.stats.wall_time += time.perf_counter() - self.t0
+        return out, self.stats
+
+
+def decode(target: GPT, prompt, max_new_tokens: int, proposer: Proposer, temperature: float = 0.0,
+           top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+           eos_id: int | None = None, stats: DecodeStats | None = None, on_tokens=None,
+           rule=None) -> tuple[list[int], DecodeStats]:
+    """Decode with any proposer; returns (new token ids, statistics).
+
+    temperature, top_k, top_p: how the target samples (temperature 0: greedy); seed: the generator's seed;
+    eos_id: stop after this token; stats: a :class:`DecodeStats` to fill in; on_tokens: called with each round's
+    accepted tokens (streaming, :class:`Stream`); rule: see :class:`Session`. Exact for every proposer that
+    reports the q its candidates were drawn from: greedy output identical to :func:`~.plain.generate`, sampled
+    output distributed as the target's."""
+    session = Session(target, prompt, max_new_tokens, SamplingConfig(temperature, top_k, top_p), seed, eos_id,
+                      stats, on_tokens, draft=proposer.draft, needs_hidden=proposer.needs_hidden, rule=rule)
+    return session.run(proposer)

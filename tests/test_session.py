@@ -1,0 +1,167 @@
+"""The shared decoding loop: a new method is one proposer, and it is exact for free; the session keeps the
+cache invariant; the verifier rolls the cache back for chains and trees alike."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import perturbed_copy, random_model
+from minigpt.cache import KVCache
+from minigpt.decoding import (Chain, DraftTree, Lookup, LookupTree, Plain, Proposal, Proposer, Session, decode,
+                              generate, prefill, verify_chain)
+from minigpt.decoding.verify import greedy_rule, rule_for, verify
+from minigpt.exactness import tv_bound, tv_distance
+from minigpt.sampling import SamplingConfig, sample
+
+
+# ----- the toy proposer of the README: the whole method is these lines -----
+
+class RepeatLast(Proposer):
+    """Propose the last token again, ``n`` times."""
+
+    def __init__(self, n: int = 2):
+        self.n = n
+
+    def propose(self, session, room):
+        return Proposal.chain(session.seq[-1], [session.seq[-1]] * min(self.n, room))
+
+
+def test_a_toy_proposer_is_greedy_exact_on_many_prompts(target, tokenizer, val_texts):
+    rng = random.Random(0)
+    texts = [t for t in val_texts if len(t) > 3000]
+    for i in range(12):
+        text = rng.choice(texts)
+        start = rng.randrange(len(text) - 2000)
+        prompt = tokenizer.encode_ordinary(text[start:start + 2000])[:rng.randint(2, 60)]
+        ids, stats = decode(target, prompt, 40, RepeatLast(1 + i % 3))
+        assert ids == generate(target, prompt, 40), f"prompt {i}"
+        assert stats.target_passes < 40 or stats.accepted == 0  # every accepted repeat saved a pass
+        assert stats.new_tokens == 40 and stats.proposed == sum(stats.gammas)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_toy_proposer_is_greedy_exact_on_random_models(seed):
+    model = random_model(seed)
+    rng = random.Random(seed)
+    for _ in range(6):
+        prompt = [rng.randrange(97) for _ in range(rng.randint(1, 12))]
+        assert decode(model, prompt, 30, RepeatLast(3))[0] == generate(model, prompt, 30)
+
+
+def _first_two(model, prompt, temperature: float) -> torch.Tensor:
+    """The exact joint distribution of the first two sampled tokens, (V, V), from the model itself."""
+    cfg = SamplingConfig(temperature)
+    with torch.no_grad():
+        p1 = cfg.probs(model(torch.tensor([prompt]))[0, -1])
+        p2 = torch.stack([cfg.probs(model(torch.tensor([prompt + [x]]))[0, -1]) for x in range(len(p1))])
+    return p1[:, None] * p2
+
+
+def _replacement_from_p(sampling, generator):
+    """A biased rule: on rejection it resamples from p instead of the residual (accepts the candidate twice)."""
+    def rule(proposal, logits):
+        p = sampling.probs(logits)
+        if len(proposal.tokens) > 1 and float(torch.rand((), generator=generator)) < float(p[0, proposal.tokens[1]]):
+            return [1], sample(p[1], generator)
+        return [], sample(p[0], generator)
+    return rule
+
+
+def _sampled_pairs(model, prompt, n: int, rule=None) -> torch.Tensor:
+    counts = torch.zeros(model.config.vocab_size, model.config.vocab_size)
+    for seed in range(n):
+        a, b = decode(model, prompt, 2, RepeatLast(1), temperature=1.0, seed=seed, rule=rule)[0]
+        counts[a, b] += 1
+    return counts / n
+
+
+@pytest.mark.slow
+def test_a_toy_proposer_samples_exactly_and_the_test_can_fail():
+    """Sampled: the first two tokens (6 x 6 = 36 outcomes, 4000 samples) within the TV bound of the exact joint
+    distribution (delta 1e-4); the same test fails a rule that resamples from p after a rejection."""
+    model = random_model(3, vocab_size=6)
+    prompt, n = [1, 4, 2], 4000
+    exact = _first_two(model, prompt, 1.0)
+    bound = tv_bound(n, exact.numel(), delta=1e-4)
+    good = tv_distance(_sampled_pairs(model, prompt, n), exact)
+    biased = tv_distance(_sampled_pairs(model, prompt, n, rule=_replacement_from_p), exact)
+    assert good < bound, f"TV {good:.4f} >= bound {bound:.4f}"
+    assert biased > bound, f"the biased rule passed: TV {biased:.4f} < bound {bound:.4f}"
+
+
+# ----- the session owns the cache invariant -----
+
+class Recording(Proposer):
+    """Wraps a proposer and checks the invariant before every round."""
+
+    def __init__(self, inner: Proposer):
+        self.inner, self.draft, self.needs_hidden, self.rounds = inner, inner.draft, inner.needs_hidden, 0
+
+    def propose(self, session, room):
+        assert session.cache.length == len(session.seq) - 1  # the sequence without its last token
+        if session.draft_cache is not None:
+            assert session.draft_cache.length <= len(session.seq) - 1
+        self.rounds += 1
+        return self.inner.propose(session, room)
+
+    def observe(self, proposal, verified):
+        self.inner.observe(proposal, verified)
+
+
+@pytest.mark.parametrize("make", [lambda d: Plain(), lambda d: Chain(d, 4), lambda d: Chain(d, 2, adaptive=True),
+                                  lambda d: DraftTree(d, budget=8), lambda d: Lookup(), lambda d: LookupTree(),
+                                  lambda d: RepeatLast(2)])
+def test_every_proposer_keeps_the_cache_invariant_and_stays_exact(make):
+    target = random_model(5)
+    draft = perturbed_copy(target, 0.3)
+    prompt = [3, 9, 27, 81, 3, 9, 27]
+    rec = Recording(make(draft))
+    ids, stats = decode(target, prompt, 24, rec)
+    assert ids == generate(target, prompt, 24)
+    assert rec.rounds == stats.target_passes
+
+
+def test_plain_decoding_books_no_rounds():
+    model = random_model(1)
+    ids, stats = decode(model, [5, 6, 7], 10, Plain())
+    assert stats.target_passes == 10 and stats.rounds == 0 and stats.proposed == 0 and stats.gammas == []
+
+
+def test_verify_rolls_the_cache_back_for_chains_and_trees():
+    target = random_model(2)
+    prompt = [4, 8, 15, 16, 23]
+    for proposal in (Proposal.chain(42, [1, 2, 3]), Proposal([42, 1, 2, 3, 4], [-1, 0, 0, 1, 2])):
+        cache = KVCache.for_model(target)
+        prefill(target, cache, torch.tensor([prompt[:-1] + [42]]))
+        start = cache.length
+        v = verify(target, cache, proposal, greedy_rule)
+        assert cache.length == start + 1 + len(v.path)  # the root and the accepted candidates, nothing else
+        # what the cache holds is what a fresh pass over the accepted sequence computes
+        fresh = KVCache.for_model(target)
+        target(torch.tensor([prompt[:-1] + [42] + v.tokens[:-1]]), cache=fresh)
+        assert torch.allclose(cache.k[..., :cache.length, :], fresh.k[..., :fresh.length, :], atol=1e-5)
+
+
+def test_verify_chain_rolls_back_itself():
+    target = random_model(4)
+    cache = KVCache.for_model(target)
+    prefill(target, cache, torch.tensor([[1, 2, 3]]))
+    new = verify_chain(target, cache, 3, [7, 7, 7], SamplingConfig())
+    assert cache.length == 2 + len(new)  # the two prefilled tokens, the pending one, the accepted ones
+
+
+def test_bad_proposals_and_drafts_fail_in_one_line():
+    target = random_model(0)
+
+    class Broken(Proposer):
+        def propose(self, session, room):
+            return Proposal([session.seq[-1], 5], [-1, 3])  # a parent after its child
+
+    with pytest.raises(ValueError, match="invalid parent array"):
+        decode(target, [1, 2], 5, Broken())
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        decode(target, [1, 2], 5, Chain(random_model(0, vocab_size=50)))
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        Session(target, [1, 2], 10_000, rule=rule_for)
