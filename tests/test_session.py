@@ -9,8 +9,8 @@ import torch
 
 from conftest import perturbed_copy, random_model
 from minigpt.cache import KVCache
-from minigpt.decoding import (Chain, DraftTree, Lookup, LookupTree, Plain, Proposal, Proposer, Session, decode,
-                              generate, prefill, verify_chain)
+from minigpt.decoding import (Chain, DraftTree, Lookup, LookupTree, Plain, Proposal, Proposer, SelfSpec, Session,
+                              decode, generate, prefill, verify_chain)
 from minigpt.decoding.verify import greedy_rule, rule_for, verify
 from minigpt.exactness import tv_bound, tv_distance
 from minigpt.sampling import SamplingConfig, sample
@@ -165,3 +165,11 @@ def test_bad_proposals_and_drafts_fail_in_one_line():
         decode(target, [1, 2], 5, Chain(random_model(0, vocab_size=50)))
     with pytest.raises(ValueError, match="exceeds the model's context"):
         Session(target, [1, 2], 10_000, rule=rule_for)
+
+
+def test_self_speculation_is_a_chain_over_the_early_exit():
+    target = random_model(6)
+    prompt = [2, 7, 1, 8, 2, 8]
+    ids, stats = decode(target, prompt, 20, SelfSpec(target, n_layers=1, gamma=3))
+    assert ids == generate(target, prompt, 20)
+    assert stats.draft_passes == stats.proposed > 0

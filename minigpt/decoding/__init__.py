@@ -5,13 +5,13 @@
                    the cache rollback
     session.py     the loop: checks, caches, prefill, stopping, statistics, streaming; decode(proposer)
     plain.py chain.py tree.py lookup.py medusa.py
-                   the proposers (Plain, Chain, DraftTree, Lookup, LookupTree, Medusa) and the functions the
+                   the proposers (Plain, Chain, SelfSpec, DraftTree, Lookup, LookupTree, Medusa) and the functions the
                    lessons call (generate, speculative_generate, tree_generate, lookup_generate, medusa_generate)
     stats.py       DecodeStats: passes, drafted/tested/accepted tokens, wall time
 """
 from .candidates import (Proposal, children_of, ordered_paths, tree_attention_mask, tree_depths, tree_from_paths,
                          tree_position_ids)
-from .chain import Chain, draft_tokens, speculative_generate
+from .chain import Chain, SelfSpec, draft_tokens, speculative_generate
 from .lookup import Lookup, LookupTree, lookup_generate
 from .medusa import Medusa, medusa_generate
 from .plain import Plain, generate, generate_no_cache

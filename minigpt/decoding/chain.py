@@ -7,7 +7,7 @@ exactly the target's distribution, provided q is the distribution the draft real
 target's distribution after its own temperature, top-k and top-p. The draft may sample with other settings
 (``draft_sampling``): that changes how often its tokens are accepted, never the output's distribution.
 
-Self-speculation is the same proposer with the target's own first layers as the draft
+Self-speculation (:class:`SelfSpec`) is the same proposer with the target's own first layers as the draft
 (:func:`minigpt.model.early_exit_draft`).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..cache import KVCache
-from ..model import GPT
+from ..model import GPT, early_exit_draft
 from ..sampling import SamplingConfig, sample
 from .candidates import Proposal, adapt_length
 from .session import Proposer, Session, decode
@@ -77,6 +77,15 @@ class Chain(Proposer):
     def observe(self, proposal: Proposal, verified: Verified) -> None:
         if self.adaptive:
             self.gamma = adapt_length(self.gamma, len(proposal.candidates), len(verified.path), self.gamma_max)
+
+
+class SelfSpec(Chain):
+    """Self-speculation: the target's own first ``n_layers`` layers, read out early, draft the chain. The draft
+    shares the target's weights and has its own, smaller KV cache; verification by the full model keeps the
+    output exact however poor the early exit's guesses are."""
+
+    def __init__(self, target: GPT, n_layers: int, gamma: int = 4, **chain_options):
+        super().__init__(early_exit_draft(target, n_layers), gamma, **chain_options)
 
 
 def speculative_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, gamma: int = 4,
