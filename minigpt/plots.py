@@ -208,7 +208,7 @@ def draw_tree(parents: Sequence[int], labels: Sequence[str] | None = None, accep
     draft tree or the rank of a Medusa rank path. ``accepted``: node indices drawn green, with their edges
     (an accepted branch). ``weights``: one number per node shown as its colour, with a colour bar labelled
     ``weight_label`` (e.g. the probability that a rank path is accepted). ``depth_labels``: names of the depth
-    columns (default 0, 1, ...). Trees from rank paths: ``minigpt.decoding.tree.tree_from_paths`` gives the
+    columns (default 0, 1, ...). Trees from rank paths: ``minigpt.decoding.candidates.tree_from_paths`` gives the
     parent array, in the same node order as the sorted paths."""
     parents = [int(p) for p in parents]
     if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):

@@ -1,10 +1,10 @@
 """Checks for exercise 04: tree attention -- the mask and positions of a flattened token tree, and greedy
 verification of a whole tree (the longest path the target agrees with, plus its next token).
 
-The mask and positions are checked twice: against :mod:`minigpt.decoding.tree` on hand-made and random trees,
+The mask and positions are checked twice: against :mod:`minigpt.decoding.candidates` on hand-made and random trees,
 and functionally -- fed to a small random GPT after a cached prefix, they must give every node the logits of
-running its root-to-node path alone. References: :func:`~minigpt.decoding.tree.tree_attention_mask`,
-:func:`~minigpt.decoding.tree.tree_position_ids`, :func:`~minigpt.decoding.verify.accept_tree_greedy`.
+running its root-to-node path alone. References: :func:`~minigpt.decoding.candidates.tree_attention_mask`,
+:func:`~minigpt.decoding.candidates.tree_position_ids`, :func:`~minigpt.decoding.verify.accept_tree_greedy`.
 """
 from __future__ import annotations
 

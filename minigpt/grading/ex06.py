@@ -1,7 +1,7 @@
 """Checks for exercise 06: the Medusa head's forward pass and the candidate tree built from the heads' guesses.
 
 References are the library's own: :class:`minigpt.heads.MedusaHead` for the head and
-:func:`minigpt.decoding.medusa.medusa_candidates` / :func:`minigpt.decoding.tree.tree_from_paths` for the tree.
+:func:`minigpt.decoding.medusa.medusa_candidates` / :func:`minigpt.decoding.candidates.tree_from_paths` for the tree.
 """
 from __future__ import annotations
 
