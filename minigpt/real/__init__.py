@@ -28,10 +28,24 @@ the data on a laptop CPU, the draft as long again to train; both of those resume
 
 Importing this package needs neither transformers nor gguf: each is imported by the function that uses it.
 """
-from .hf import load_hf_smollm
+from importlib import import_module
+
 from .loaders import (CHAT_GAMMA, EARLY_EXIT_LAYERS, LOOKUP_SETTINGS, SMOLLM2_DRAFT_CHECKPOINT,
                       SMOLLM2_MEDUSA_CHECKPOINT, load_smollm2_draft, load_smollm2_medusa)
-from .requests import HELD_OUT_REQUESTS, KINDS, REQUESTS, SPLITS, real_prompts
+
+# The other names the lessons use as ``real.X``. Each needs minigpt.real.smollm, so they are imported on first
+# use rather than here: ``python -m minigpt.real.smollm`` must find that module not yet imported by its package
+# (otherwise runpy warns, and the module runs twice).
+_ON_FIRST_USE = {"load_hf_smollm": "hf", "HELD_OUT_REQUESTS": "requests", "KINDS": "requests",
+                 "REQUESTS": "requests", "SPLITS": "requests", "real_prompts": "requests"}
+
+
+def __getattr__(name: str):
+    """The names of ``_ON_FIRST_USE``, from their modules (Python calls this for a name not found here)."""
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{_ON_FIRST_USE[name]}", __name__), name)
+
 
 __all__ = ["CHAT_GAMMA", "EARLY_EXIT_LAYERS", "HELD_OUT_REQUESTS", "KINDS", "LOOKUP_SETTINGS", "REQUESTS",
            "SMOLLM2_DRAFT_CHECKPOINT", "SMOLLM2_MEDUSA_CHECKPOINT", "SPLITS", "load_hf_smollm", "load_smollm2_draft",
