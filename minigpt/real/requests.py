@@ -291,7 +291,7 @@ def real_prompts(kinds=KINDS, per_kind: int | None = None, split: str = "dev") -
     return out
 
 
-# ------------------------------------------------------------------------ the distillation requests
+# ----------------------------------------------------------------------------- the distillation requests
 
 CODE_TASKS = [
     "reverses a string", "counts the vowels in a string", "returns the largest number in a list",

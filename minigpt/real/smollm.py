@@ -17,7 +17,8 @@ model then computes what transformers computes from the same file, up to float32
 
 Two conversions need care, and are explained where they happen: llama.cpp's ordering of the query/key
 weights (:func:`state_dict_from_gguf`) and the byte-level BPE vocabulary (:func:`load_smollm_tokenizer`).
-Reading GGUF needs the ``gguf`` package: ``pip install -e ".[real]"``.
+Reading GGUF needs the ``gguf`` package: ``pip install -e ".[real]"``. ``python -m minigpt.real.smollm chat``
+talks with the model, its answers streamed as the speculative decoder accepts them (:mod:`minigpt.real.chat`).
 """
 from __future__ import annotations
 
