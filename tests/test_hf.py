@@ -41,7 +41,9 @@ def test_logits_match_shipped_target(target):
     assert hf.num_parameters() == target.num_params()  # tied output layer counted once by both
     idx = torch.randint(4096, (1, target.config.block_size), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        torch.testing.assert_close(hf(idx).logits, target(idx), atol=ATOL, rtol=0)
+        # the trained target's logits are large (tens), so fp32 rounding in a 256-token pass reaches 3e-5 here; a wrong
+        # mapping differs by whole units
+        torch.testing.assert_close(hf(idx).logits, target(idx), atol=1e-4, rtol=0)
 
 
 def test_conversion_transposes_conv1d_weights(small_model):
