@@ -3,11 +3,13 @@ cache invariant; the verifier rolls the cache back for chains and trees alike.""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import perturbed_copy, random_model
+from minigpt import bench
 from minigpt.cache import KVCache
 from minigpt.decoding import (Chain, DraftTree, Lookup, LookupTree, Plain, Proposal, Proposer, SelfSpec, Session,
                               decode, generate, prefill, verify_chain)
@@ -173,3 +175,19 @@ def test_self_speculation_is_a_chain_over_the_early_exit():
     ids, stats = decode(target, prompt, 20, SelfSpec(target, n_layers=1, gamma=3))
     assert ids == generate(target, prompt, 20)
     assert stats.draft_passes == stats.proposed > 0
+
+
+def test_the_readme_toy_method_runs_as_written(monkeypatch, target):
+    """The README's "Adding a decoding method" block, executed: its proposer is exact and the bench times it."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Adding a decoding method", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setitem(bench.METHODS, "repeat_last", None)  # the registration below is undone after the test
+    namespace: dict = {}
+    exec(code, namespace)
+    prompt = [int(t) for t in torch.randint(4000, (12,), generator=torch.Generator().manual_seed(1))]
+    assert decode(target, prompt, 24, namespace["RepeatLast"]())[0] == generate(target, prompt, 24)
+    records = bench.run_bench(["repeat_last"], models=bench.Models(target), prompts=[prompt], max_new_tokens=16,
+                              repeats=1)
+    assert [r["method"] for r in records] == ["plain", "repeat_last"]
+    assert all(r["identical_to_plain_greedy"] for r in records)

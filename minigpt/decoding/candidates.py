@@ -13,7 +13,7 @@ cached prefix and to its own ancestors (the tree attention mask) and sits at pos
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -96,11 +96,17 @@ class Proposal:
     tokens, parents: the tree (node 0 = the root, not a candidate).
     q: (N - 1, V), row i the distribution candidate i + 1 was drawn from; None when every candidate was chosen
        deterministically (then q is one-hot, and is built only if a sampled rule needs it).
-    draft_passes: forward passes of a draft model that making the proposal took."""
+    draft_passes: forward passes of a draft model that making the proposal took.
+    is_chain (derived): every node has at most one child, so the target scores it with its ordinary causal
+    mask (for a chain, the tree mask is the causal mask) and the cache is cropped rather than compacted."""
     tokens: list[int]
     parents: list[int]
     q: torch.Tensor | None = None
     draft_passes: int = 0
+    is_chain: bool = field(init=False)
+
+    def __post_init__(self):
+        self.is_chain = all(p == i - 1 for i, p in enumerate(self.parents))
 
     @classmethod
     def chain(cls, root: int, drafted, q: torch.Tensor | None = None, draft_passes: int = 0) -> "Proposal":
@@ -112,11 +118,6 @@ class Proposal:
     def candidates(self) -> list[int]:
         """The proposed tokens (every node but the root)."""
         return self.tokens[1:]
-
-    @property
-    def is_chain(self) -> bool:
-        """True when every node has at most one child: the target scores it with its ordinary causal mask."""
-        return all(p == i - 1 for i, p in enumerate(self.parents))
 
     def candidate_q(self, vocab_size: int) -> torch.Tensor:
         """(N - 1, V): q, or the one-hot q of deterministic candidates."""

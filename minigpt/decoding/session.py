@@ -61,11 +61,11 @@ def check_length(model: GPT, prompt_len: int, max_new_tokens: int, extra: int = 
 def prefill(model: GPT, cache: KVCache, idx: torch.Tensor, return_hidden: bool = False):
     """Run every prompt token but the last through ``model`` in one pass, filling ``cache``.
 
-    The last prompt token is left for the first decoding pass: the cache then holds the sequence minus its last
-    token, the invariant every round keeps. Only keys and values are needed, so the output layer is skipped
-    (``hidden_states``): with a large vocabulary it would cost more than the rest of the pass (SmolLM2: 49152 x
-    576 weights per prompt token). With ``return_hidden``, returns the final hidden state at the last prefilled
-    position (None for a one-token prompt): what Medusa heads read."""
+    The last prompt token is left for the first decoding pass (the cache invariant of the module docstring).
+    Only keys and values are needed, so the output layer is skipped (``hidden_states``): with a large vocabulary
+    it would cost more than the rest of the pass (SmolLM2: 49152 x 576 weights per prompt token). With
+    ``return_hidden``, returns the final hidden state at the last prefilled position (None for a one-token
+    prompt): what Medusa heads read."""
     if idx.shape[1] < 2:
         return None
     h = model.hidden_states(idx[:, :-1], cache=cache)
@@ -173,7 +173,7 @@ class Session:
 
     def step(self, proposer: Proposer) -> Verified:
         """One round: propose, verify (one target pass), book, extend the sequence, roll the draft back."""
-        proposal = proposer.propose(self, self.max_new_tokens - self.n_new - 1)
+        proposal = proposer.propose(self, self.max_new_tokens - (len(self.seq) - self.n_prompt) - 1)
         verified = verify(self.target, self.cache, proposal, self.rule, return_hidden=self.needs_hidden)
         self.stats.draft_passes += proposal.draft_passes
         if proposer.speculative:

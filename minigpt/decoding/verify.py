@@ -14,9 +14,9 @@ because Z = sum_y max(0, p(y) - q(y)) = 1 - sum_y min(p(y), q(y)).
 With greedy decoding p and q are one-hot, and the rule reduces to "accept while the drafted token is the
 target's argmax, then emit the target's argmax".
 
-The cache invariant, kept here and nowhere else: before a round the target's cache holds the sequence
-without its last token (the proposal's root); after :func:`verify` it holds the sequence plus the accepted
-candidates, and the round's final token (the target's own) is the next root.
+The rollback lives here and nowhere else: :func:`verify` leaves the target's cache holding the sequence plus the
+accepted candidates, which restores the session's invariant (:mod:`.session`) with the round's final token as the
+next root.
 """
 from __future__ import annotations
 
