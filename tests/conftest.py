@@ -10,6 +10,7 @@ import torch
 import minigpt
 import minigpt.checkpoint
 from minigpt.model import GPT, GPTConfig
+from minigpt.sampling import SamplingConfig
 
 # The models in these tests are tiny: one thread is faster than several (no synchronisation), and it does not
 # fight other processes for the cores.
@@ -50,6 +51,25 @@ def random_model(seed: int = 0, **overrides) -> GPT:
         if "wpe" in model.transformer:
             model.transformer.wpe.weight.normal_(0.0, 1.0)
     return model.eval()
+
+
+def first_two_joint(model: GPT, prompt: list[int], temperature: float) -> torch.Tensor:
+    """The exact joint distribution of the first two tokens sampled after ``prompt``, (V, V), from the model
+    itself: what a sampled decoder's first two tokens must follow."""
+    cfg = SamplingConfig(temperature)
+    with torch.no_grad():
+        p1 = cfg.probs(model(torch.tensor([prompt]))[0, -1])
+        p2 = torch.stack([cfg.probs(model(torch.tensor([prompt + [x]]))[0, -1]) for x in range(len(p1))])
+    return p1[:, None] * p2
+
+
+def pair_frequencies(first_two, vocab_size: int, n: int) -> torch.Tensor:
+    """Empirical joint of (a, b) = first_two(seed)[:2] over seeds 0 .. n - 1, (V, V)."""
+    counts = torch.zeros(vocab_size, vocab_size)
+    for seed in range(n):
+        a, b = first_two(seed)[:2]
+        counts[a, b] += 1
+    return counts / n
 
 
 def perturbed_copy(model: GPT, noise: float, seed: int = 0) -> GPT:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import perturbed_copy, random_model
+from conftest import first_two_joint, pair_frequencies, perturbed_copy, random_model
 from minigpt import bench
 from minigpt.cache import KVCache
 from minigpt.decoding import (Chain, DraftTree, Lookup, LookupTree, Plain, Proposal, Proposer, SelfSpec, Session,
@@ -52,15 +52,6 @@ def test_a_toy_proposer_is_greedy_exact_on_random_models(seed):
         assert decode(model, prompt, 30, RepeatLast(3))[0] == generate(model, prompt, 30)
 
 
-def _first_two(model, prompt, temperature: float) -> torch.Tensor:
-    """The exact joint distribution of the first two sampled tokens, (V, V), from the model itself."""
-    cfg = SamplingConfig(temperature)
-    with torch.no_grad():
-        p1 = cfg.probs(model(torch.tensor([prompt]))[0, -1])
-        p2 = torch.stack([cfg.probs(model(torch.tensor([prompt + [x]]))[0, -1]) for x in range(len(p1))])
-    return p1[:, None] * p2
-
-
 def _replacement_from_p(sampling, generator):
     """A biased rule: on rejection it resamples from p instead of the residual (accepts the candidate twice)."""
     def rule(proposal, logits):
@@ -72,11 +63,8 @@ def _replacement_from_p(sampling, generator):
 
 
 def _sampled_pairs(model, prompt, n: int, rule=None) -> torch.Tensor:
-    counts = torch.zeros(model.config.vocab_size, model.config.vocab_size)
-    for seed in range(n):
-        a, b = decode(model, prompt, 2, RepeatLast(1), temperature=1.0, seed=seed, rule=rule)[0]
-        counts[a, b] += 1
-    return counts / n
+    return pair_frequencies(lambda seed: decode(model, prompt, 2, RepeatLast(1), temperature=1.0, seed=seed,
+                                                rule=rule)[0], model.config.vocab_size, n)
 
 
 @pytest.mark.slow
@@ -85,7 +73,7 @@ def test_a_toy_proposer_samples_exactly_and_the_test_can_fail():
     distribution (delta 1e-4); the same test fails a rule that resamples from p after a rejection."""
     model = random_model(3, vocab_size=6)
     prompt, n = [1, 4, 2], 4000
-    exact = _first_two(model, prompt, 1.0)
+    exact = first_two_joint(model, prompt, 1.0)
     bound = tv_bound(n, exact.numel(), delta=1e-4)
     good = tv_distance(_sampled_pairs(model, prompt, n), exact)
     biased = tv_distance(_sampled_pairs(model, prompt, n, rule=_replacement_from_p), exact)
@@ -191,3 +179,14 @@ def test_the_readme_toy_method_runs_as_written(monkeypatch, target):
                               repeats=1)
     assert [r["method"] for r in records] == ["plain", "repeat_last"]
     assert all(r["identical_to_plain_greedy"] for r in records)
+
+
+@pytest.mark.parametrize("make", [lambda t, d: DraftTree(d, budget=16), lambda t, d: LookupTree(max_matches=4),
+                                  lambda t, d: Chain(d, 6)])
+def test_wide_rounds_fit_at_the_end_of_the_context(make):
+    """Near the end of the context a round's nodes can outnumber the positions left (siblings share one):
+    the caches keep room for the proposer's widest pass."""
+    target = random_model(3, block_size=48)
+    draft = perturbed_copy(target, 0.2)
+    prompt = [1, 2, 3, 4] * 10 + [1, 2]
+    assert decode(target, prompt, 6, make(target, draft))[0] == generate(target, prompt, 6)

@@ -17,32 +17,39 @@ import torch
 
 from ..checkpoint import load_pretrained
 from ..decoding import DecodeStats, generate, speculative_generate
+from ..decoding.eagle import eagle_generate
+from ..decoding.lookahead import lookahead_generate
 from ..decoding.lookup import lookup_generate
 from ..decoding.medusa import medusa_generate
 from ..decoding.tree import tree_generate
+from ..eagle import load_eagle
 from ..heads import load_medusa
 from ..model import early_exit_draft
 
 
 @dataclass
 class Models:
-    """What a method may use: the target, a draft, Medusa heads (with the heads' tree), the depth of the
-    target's own early-exit draft (self-speculation; default a third of its layers), and the token that ends
-    an answer (every method stops after it; None: never stop early)."""
+    """What a method may use: the target, a draft, Medusa heads (with the heads' tree), an EAGLE head, the depth
+    of the target's own early-exit draft (self-speculation; default a third of its layers), and the token that
+    ends an answer (every method stops after it; None: never stop early)."""
     target: torch.nn.Module
     draft: torch.nn.Module | None = None
     medusa_heads: torch.nn.Module | None = None
     medusa_paths: list | None = None
+    eagle_head: torch.nn.Module | None = None
     early_exit_layers: int | None = None
     hf_target: object | None = None  # transformers' own model of the same weights (for --peers), if it has one
     eos_id: int | None = None
 
     @classmethod
-    def shipped(cls, device, medusa: bool = False) -> "Models":
-        """The course's shipped target and draft on ``device``, and its Medusa heads if ``medusa``."""
+    def shipped(cls, device, medusa: bool = False, eagle: bool = False) -> "Models":
+        """The course's shipped target and draft on ``device``, its Medusa heads if ``medusa``, its EAGLE head if
+        ``eagle``."""
         models = cls(load_pretrained("target", device), load_pretrained("draft", device))
         if medusa:
             models.medusa_heads, models.medusa_paths = load_medusa(models.target)
+        if eagle:
+            models.eagle_head = load_eagle(models.target)
         return models
 
 
@@ -110,3 +117,17 @@ def _self_spec(models: Models, prompt, max_new_tokens: int, gamma: int):
 def _medusa(models: Models, prompt, max_new_tokens: int):
     return medusa_generate(models.target, models.medusa_heads, prompt, max_new_tokens, paths=models.medusa_paths,
                            eos_id=models.eos_id)
+
+
+@register("eagle", "an EAGLE head extrapolates the target's features and grows a dynamic tree (EAGLE-2); "
+          "exact tree verification", depth=6, top_k=8, total_tokens=24)
+def _eagle(models: Models, prompt, max_new_tokens: int, depth: int, top_k: int, total_tokens: int):
+    return eagle_generate(models.target, models.eagle_head, prompt, max_new_tokens, depth=depth, top_k=top_k,
+                          total_tokens=total_tokens, eos_id=models.eos_id)
+
+
+@register("lookahead", "Jacobi iteration over a window of guesses feeds an n-gram pool; pool candidates are "
+          "verified in the same target pass; no draft model", window=5, ngram=4, candidates=5)
+def _lookahead(models: Models, prompt, max_new_tokens: int, window: int, ngram: int, candidates: int):
+    return lookahead_generate(models.target, prompt, max_new_tokens, window=window, ngram=ngram,
+                              candidates=candidates, eos_id=models.eos_id)

@@ -224,7 +224,7 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
     names = check_methods(methods)
     dev = check_device(device) if models is None else models.target.device
     if models is None:
-        models = Models.shipped(dev, medusa="medusa" in names)
+        models = Models.shipped(dev, medusa="medusa" in names, eagle="eagle" in names)
     if peers:
         names = with_our_side(names, models)
     prompts = prompts if prompts is not None else bench_prompts(n_code, n_edit)

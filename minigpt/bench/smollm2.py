@@ -58,11 +58,12 @@ def main_smollm2(args, prog: str, names: list[str], dev) -> int:
     except (FileNotFoundError, ImportError, CheckpointError) as e:
         print(f"{prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    missing = {"chain": models.draft, "tree": models.draft, "medusa": models.medusa_heads}
+    missing = {"chain": models.draft, "tree": models.draft, "medusa": models.medusa_heads, "eagle": models.eagle_head}
     skipped = [n for n in names if n in missing and missing[n] is None]
     if skipped:
-        print(f"skipping {', '.join(skipped)}: no trained drafter for SmolLM2 is installed "
-              f"(python -m minigpt.real train-draft / train-medusa)", file=sys.stderr)
+        print(f"skipping {', '.join(skipped)}: no trained drafter for SmolLM2 is installed (the draft and "
+              f"Medusa heads: python -m minigpt.real train-draft / train-medusa; no EAGLE head is trained for "
+              f"SmolLM2 yet)", file=sys.stderr)
     names = [n for n in names if n not in skipped]
     print(f"benchmarking {', '.join(names)} on SmolLM2-135M-Instruct, {dev}: {len(prompts)} chat prompts, {cfg}",
           file=sys.stderr)

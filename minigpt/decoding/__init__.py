@@ -17,6 +17,6 @@ from .medusa import Medusa, medusa_generate
 from .plain import Plain, generate, generate_no_cache
 from .session import Proposer, Session, decode, prefill
 from .stats import DecodeStats
-from .tree import DraftTree, draft_tree, tree_generate
+from .tree import DraftTree, draft_tree, score_tree, tree_generate
 from .verify import (accept_greedy, accept_sampled, accept_tree_greedy, accept_tree_sampled, residual_distribution,
-                     score_tree, verify_chain, verify_tree)  # verify() itself: minigpt.decoding.verify.verify
+                     verify_chain, verify_tree)  # verify() itself: minigpt.decoding.verify.verify

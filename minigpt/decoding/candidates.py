@@ -97,16 +97,42 @@ class Proposal:
     q: (N - 1, V), row i the distribution candidate i + 1 was drawn from; None when every candidate was chosen
        deterministically (then q is one-hot, and is built only if a sampled rule needs it).
     draft_passes: forward passes of a draft model that making the proposal took.
-    is_chain (derived): every node has at most one child, so the target scores it with its ordinary causal
-    mask (for a chain, the tree mask is the causal mask) and the cache is cropped rather than compacted."""
+    extra_tokens, extra_depths, extra_mask: nodes the target scores in the same pass that are not candidates
+    (lookahead decoding's window of guesses): extra node i sits at the root's position + ``extra_depths[i]``,
+    sees the cache, the root and the extra nodes j with ``extra_mask[i, j]``; candidates never see extra nodes
+    nor extra nodes candidates, and nothing of them stays in the cache.
+    is_chain (derived): every node has at most one child and there are no extra nodes, so the target scores it
+    with its ordinary causal mask (for a chain, the tree mask is the causal mask) and the cache is cropped."""
     tokens: list[int]
     parents: list[int]
     q: torch.Tensor | None = None
     draft_passes: int = 0
+    extra_tokens: list[int] = field(default_factory=list)
+    extra_depths: list[int] = field(default_factory=list)
+    extra_mask: torch.Tensor | None = None
     is_chain: bool = field(init=False)
 
     def __post_init__(self):
-        self.is_chain = all(p == i - 1 for i, p in enumerate(self.parents))
+        if len(self.extra_depths) != len(self.extra_tokens) or (
+                self.extra_tokens and (self.extra_mask is None
+                                       or self.extra_mask.shape != (len(self.extra_tokens),) * 2)):
+            raise ValueError(f"{len(self.extra_tokens)} extra tokens need as many depths and an "
+                             f"({len(self.extra_tokens)}, {len(self.extra_tokens)}) mask")
+        self.is_chain = not self.extra_tokens and all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def attention_mask(self) -> torch.Tensor:
+        """(N + E, N + E) bool over the candidates' tree and the extra nodes (see the class docstring)."""
+        n, e = len(self.tokens), len(self.extra_tokens)
+        mask = torch.zeros(n + e, n + e, dtype=torch.bool)
+        mask[:n, :n] = tree_attention_mask(self.parents)
+        if e:
+            mask[n:, 0] = True
+            mask[n:, n:] = self.extra_mask
+        return mask
+
+    def position_ids(self, offset: int) -> torch.Tensor:
+        """Positions of every node, the root at ``offset``: tree nodes at their depth, extra nodes at theirs."""
+        return offset + torch.tensor(tree_depths(self.parents) + list(self.extra_depths))
 
     @classmethod
     def chain(cls, root: int, drafted, q: torch.Tensor | None = None, draft_passes: int = 0) -> "Proposal":

@@ -76,6 +76,7 @@ class Medusa(Proposer):
 
     def __init__(self, heads, paths):
         self.heads, self.paths = heads, [tuple(p) for p in paths]
+        self.max_width = 1 + len(self.paths)
         if max(len(p) for p in self.paths) > heads.num_heads:
             raise ValueError(f"the tree is {max(len(p) for p in self.paths)} deep but there are only "
                              f"{heads.num_heads} heads")

@@ -64,12 +64,12 @@ def prefill(model: GPT, cache: KVCache, idx: torch.Tensor, return_hidden: bool =
     The last prompt token is left for the first decoding pass (the cache invariant of the module docstring).
     Only keys and values are needed, so the output layer is skipped (``hidden_states``): with a large vocabulary
     it would cost more than the rest of the pass (SmolLM2: 49152 x 576 weights per prompt token). With
-    ``return_hidden``, returns the final hidden state at the last prefilled position (None for a one-token
-    prompt): what Medusa heads read."""
+    ``return_hidden``, returns the final hidden states at the prefilled positions, (T - 1, C) (None for a
+    one-token prompt): what Medusa heads and EAGLE read."""
     if idx.shape[1] < 2:
         return None
     h = model.hidden_states(idx[:, :-1], cache=cache)
-    return h[0, -1] if return_hidden else None
+    return h[0] if return_hidden else None
 
 
 def trim(out: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
@@ -110,12 +110,18 @@ class Proposer:
     Class attributes a proposer may set:
     ``draft``        a draft model; the session checks it, keeps its KV cache (``session.draft_cache``,
                      prefilled like the target's and rolled back after every round) and passes it nothing else;
-    ``needs_hidden`` the session keeps ``session.hidden``, the target's final hidden state at the position
+    ``needs_hidden`` the session keeps ``session.new_hidden``, the target's final hidden states at the
+                     positions the last pass added to the cache (the prefill's, then each round's root and
+                     accepted nodes: EAGLE reads them), and ``session.hidden``, the last of them, at the position
                      before the root (Medusa's heads read it);
-    ``speculative``  False for plain decoding: its passes are not draft-then-verify rounds in the statistics."""
+    ``speculative``  False for plain decoding: its passes are not draft-then-verify rounds in the statistics;
+    ``max_width``    the most tokens one of its passes feeds the target (root included): the KV cache keeps that
+                     much room beyond the context, since near the end of the context a round's nodes may
+                     outnumber the positions left (siblings share a position)."""
     draft: GPT | None = None
     needs_hidden: bool = False
     speculative: bool = True
+    max_width: int = 64
 
     def propose(self, session: "Session", room: int) -> Proposal:
         """This round's candidates after ``session.seq``; ``room``: how many candidate levels can still be used
@@ -130,12 +136,13 @@ class Session:
     """One generation with ``target``: checks, caches, prefill, generator, stopping, statistics, timing.
 
     ``run(proposer)`` decodes to the end and returns (new ids, stats). ``rule``: a function of (sampling,
-    generator) returning the acceptance rule (default: the exact one, :func:`~.verify.rule_for`)."""
+    generator) returning the acceptance rule (default: the exact one, :func:`~.verify.rule_for`); ``max_width``:
+    the proposer's (see :class:`Proposer`)."""
 
     def __init__(self, target: GPT, prompt, max_new_tokens: int, sampling: SamplingConfig | None = None,
                  seed: int | None = None, eos_id: int | None = None, stats: DecodeStats | None = None,
                  on_tokens=None, draft: GPT | None = None, needs_hidden: bool = False,
-                 rule: Callable[[SamplingConfig, torch.Generator | None], Rule] | None = None):
+                 rule: Callable[[SamplingConfig, torch.Generator | None], Rule] | None = None, max_width: int = 64):
         idx = as_prompt(prompt, target)
         n_prompt = idx.shape[1]
         check_length(target, n_prompt, max_new_tokens)
@@ -153,15 +160,20 @@ class Session:
         self.t0 = time.perf_counter()
         self.seq: list[int] = idx[0].tolist()  # the prompt and every token decided so far
         self.n_prompt = n_prompt
-        self.cache = KVCache.for_model(target)
-        self.hidden = prefill(target, self.cache, idx, return_hidden=needs_hidden)
+        self.cache = KVCache.for_model(target, max_len=target.config.block_size + max_width)
+        self.new_hidden = prefill(target, self.cache, idx, return_hidden=needs_hidden)
         self.draft_cache = None
         if draft is not None:
-            self.draft_cache = KVCache.for_model(draft)
+            self.draft_cache = KVCache.for_model(draft, max_len=draft.config.block_size + max_width)
             prefill(draft, self.draft_cache, idx.to(draft.device))
         self.stats.prefills += 1
         self.stream = Stream(self.stats, max_new_tokens, eos_id, on_tokens)
         self.ended = False  # set once eos_id was produced
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """The target's final hidden state at the last cached position (the one before the root), if kept."""
+        return None if self.new_hidden is None else self.new_hidden[-1]
 
     @property
     def n_new(self) -> int:
@@ -182,7 +194,7 @@ class Session:
             self.stats.target_passes += 1
         proposer.observe(proposal, verified)
         self.seq.extend(verified.tokens)
-        self.hidden = verified.hidden
+        self.new_hidden = verified.hidden_kept
         if self.draft_cache is not None:  # keep only what the draft saw of the sequence, without its last token
             self.draft_cache.crop(min(self.draft_cache.length, len(self.seq) - 1))
         self.stream.emit(verified.tokens, len(verified.path))
@@ -212,5 +224,6 @@ def decode(target: GPT, prompt, max_new_tokens: int, proposer: Proposer, tempera
     reports the q its candidates were drawn from: greedy output identical to :func:`~.plain.generate`, sampled
     output distributed as the target's."""
     session = Session(target, prompt, max_new_tokens, SamplingConfig(temperature, top_k, top_p), seed, eos_id,
-                      stats, on_tokens, draft=proposer.draft, needs_hidden=proposer.needs_hidden, rule=rule)
+                      stats, on_tokens, draft=proposer.draft, needs_hidden=proposer.needs_hidden, rule=rule,
+                      max_width=proposer.max_width)
     return session.run(proposer)

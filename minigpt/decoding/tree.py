@@ -11,10 +11,20 @@ import torch
 from ..cache import KVCache
 from ..model import GPT
 from ..sampling import SamplingConfig
-from .candidates import Proposal, one_hot_q, ordered_paths
+from .candidates import Proposal, one_hot_q, ordered_paths, tree_attention_mask, tree_position_ids
 from .session import Proposer, Session, decode
 from .stats import DecodeStats
-from .verify import score_tree
+
+
+@torch.no_grad()
+def score_tree(model: GPT, cache: KVCache, tokens, parents, return_hidden: bool = False):
+    """One pass of ``model`` over a flattened tree placed after the cache; returns logits (N, V), and the final
+    hidden states (N, C) too with ``return_hidden``. The cache grows by N; the caller crops or compacts it."""
+    mask = tree_attention_mask(parents).to(model.device)
+    pos = tree_position_ids(parents, cache.length).to(model.device)
+    idx = torch.tensor([list(tokens)], device=model.device)
+    out = model(idx, cache=cache, position_ids=pos, attn_mask=mask, return_hidden=return_hidden)
+    return (out[0][0], out[1][0]) if return_hidden else out[0]
 
 
 @torch.no_grad()
@@ -70,6 +80,7 @@ class DraftTree(Proposer):
                  paths=None):
         self.draft, self.budget, self.max_depth = draft, budget, max_depth
         self.branch, self.threshold, self.paths = branch, threshold, paths
+        self.max_width = 1 + (budget if paths is None else len(paths))
 
     def propose(self, session: Session, room: int) -> Proposal:
         behind = session.seq[session.draft_cache.length:-1]  # accepted tokens the draft has not seen (not the root)

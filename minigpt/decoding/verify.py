@@ -28,7 +28,7 @@ import torch
 from ..cache import KVCache
 from ..model import GPT
 from ..sampling import SamplingConfig, sample
-from .candidates import Proposal, children_of, tree_attention_mask, tree_position_ids
+from .candidates import Proposal, children_of
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -162,47 +162,47 @@ def rule_for(sampling: SamplingConfig, generator: torch.Generator | None = None)
     return greedy_rule if sampling.greedy else sampled_rule(sampling, generator)
 
 
-@torch.no_grad()
-def score_tree(model: GPT, cache: KVCache, tokens, parents, return_hidden: bool = False):
-    """One pass of ``model`` over a flattened tree placed after the cache; returns logits (N, V), and the final
-    hidden states (N, C) too with ``return_hidden``. The cache grows by N; the caller crops or compacts it."""
-    mask = tree_attention_mask(parents).to(model.device)
-    pos = tree_position_ids(parents, cache.length).to(model.device)
-    idx = torch.tensor([list(tokens)], device=model.device)
-    out = model(idx, cache=cache, position_ids=pos, attn_mask=mask, return_hidden=return_hidden)
-    return (out[0][0], out[1][0]) if return_hidden else out[0]
-
-
 @dataclass
 class Verified:
     """What a round decided. tokens: the accepted candidates, then the target's own token (the next root);
-    path: the accepted node indices; hidden: the target's final hidden state at the last accepted node (the
-    position before the new root), if asked for."""
+    path: the accepted node indices; hidden_kept: the target's final hidden states at the positions the cache
+    kept this round -- the root and the accepted nodes -- if asked for (what Medusa and EAGLE read next);
+    extra_logits: the target's logits at the proposal's extra nodes (lookahead's next guesses)."""
     tokens: list[int]
     path: list[int]
-    hidden: torch.Tensor | None = None
+    hidden_kept: torch.Tensor | None = None
+    extra_logits: torch.Tensor | None = None
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """The final hidden state at the last accepted node: the position before the new root."""
+        return None if self.hidden_kept is None else self.hidden_kept[-1]
 
 
 @torch.no_grad()
 def verify(target: GPT, cache: KVCache, proposal: Proposal, rule: Rule, return_hidden: bool = False) -> Verified:
     """Score ``proposal`` with the target in one pass, apply ``rule``, and roll the cache back to the sequence
-    plus the accepted candidates: a chain is cropped, a tree compacted to its accepted path.
+    plus the accepted candidates: a chain is cropped, a tree compacted to its accepted path (extra nodes are
+    scored in the same pass and dropped).
 
     A chain is scored with the ordinary causal mask (for a chain it is the tree mask), which is cheaper."""
     start = cache.length
+    idx = torch.tensor([proposal.tokens + proposal.extra_tokens], device=target.device)
     if proposal.is_chain:
-        out = target(torch.tensor([proposal.tokens], device=target.device), cache=cache, return_hidden=return_hidden)
-        logits, hidden = (out[0][0], out[1][0]) if return_hidden else (out[0], None)
+        out = target(idx, cache=cache, return_hidden=return_hidden)
     else:
-        out = score_tree(target, cache, proposal.tokens, proposal.parents, return_hidden)
-        logits, hidden = out if return_hidden else (out, None)
-    path, last = rule(proposal, logits)
+        out = target(idx, cache=cache, position_ids=proposal.position_ids(start).to(target.device),
+                     attn_mask=proposal.attention_mask().to(target.device), return_hidden=return_hidden)
+    logits, hidden = (out[0][0], out[1][0]) if return_hidden else (out[0], None)
+    n = len(proposal.tokens)
+    path, last = rule(proposal, logits[:n])
     if proposal.is_chain:
         cache.crop(start + 1 + len(path))
     else:
         cache.compact(start, [0] + path)  # keep the root and the accepted nodes, contiguous
     return Verified([int(proposal.tokens[i]) for i in path] + [int(last)], path,
-                    hidden[path[-1] if path else 0] if return_hidden else None)
+                    hidden[[0] + path] if return_hidden else None,
+                    logits[n:] if proposal.extra_tokens else None)
 
 
 def verify_chain(target: GPT, cache: KVCache, pending: int, tokens: list[int], cfg: SamplingConfig,

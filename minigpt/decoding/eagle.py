@@ -1,0 +1,121 @@
+"""EAGLE drafting: the target's features, extrapolated by a one-layer head, grow a dynamic token tree.
+
+Each round the head (:class:`minigpt.eagle.EagleHead`) first catches up on the positions the target just
+cached -- their true features f_t, each paired with the token x_{t+1} -- and so predicts the feature at the
+root. From there it grows a tree the way EAGLE-2 does (Li et al. 2024, arXiv:2406.16858): at every depth the
+``top_k`` frontier nodes whose paths the head finds most probable each get their ``top_k`` most probable
+children, and the head runs once over the new frontier (each node reads its parent's predicted feature and its
+own token, attending to its ancestors only). At the end the ``total_tokens`` nodes with the highest path
+probability form the tree the target verifies -- a set that is closed under "parent of", since a path is never
+more probable than its prefix.
+
+Candidates are the head's top tokens, chosen deterministically, so their q is one-hot and the exact rules of
+:mod:`.verify` apply: greedy output is the target's own, sampled output has the target's distribution.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..eagle import EagleHead
+from ..model import GPT
+from .candidates import Proposal
+from .session import Proposer, Session, decode
+from .stats import DecodeStats
+
+
+class Eagle(Proposer):
+    """EAGLE-2's dynamic tree (``top_k`` children of the ``top_k`` best frontier nodes per level, ``depth``
+    levels, the best ``total_tokens`` nodes verified); ``top_k=1`` gives EAGLE's chain of ``depth`` tokens.
+
+    The head's KV cache is this proposer's own: entries t = (f_t, x_{t+1}) for every position the target has
+    cached, plus, during a round, the tree's entries, which are dropped again before verification."""
+    needs_hidden = True
+
+    def __init__(self, head: EagleHead, depth: int = 6, top_k: int = 8, total_tokens: int = 24):
+        if depth < 1 or top_k < 1 or total_tokens < 1:
+            raise ValueError(f"depth, top_k and total_tokens must be at least 1, got {depth}, {top_k}, {total_tokens}")
+        self.head, self.depth, self.top_k, self.total_tokens = head, depth, top_k, total_tokens
+        self.max_width = 1 + total_tokens
+        self.cache, self.session = None, None
+
+    def _catch_up(self, session: Session) -> torch.Tensor | None:
+        """Feed the head the positions the target cached since the last round; returns the predicted feature at
+        the root (None before any position is cached: a one-token prompt)."""
+        if self.session is not session:  # a new generation: a fresh cache
+            # room for a round's tree entries beyond the context's positions
+            self.session = session
+            self.cache = self.head.new_cache(session.target.config.block_size + self.top_k * self.depth)
+        f = session.new_hidden
+        if f is None:
+            return None
+        start = session.cache.length - len(f)  # the positions of those features
+        self.cache.crop(start)                 # forget the last round's tree entries
+        tokens = torch.tensor([session.seq[start + 1:start + 1 + len(f)]], device=f.device)
+        return self.head(f[None], tokens, cache=self.cache)[0, -1]
+
+    def propose(self, session: Session, room: int) -> Proposal:
+        root = session.seq[-1]
+        root_feature = self._catch_up(session)
+        passes = 1 if root_feature is not None else 0
+        if root_feature is None or room < 1:
+            return Proposal([root], [-1], draft_passes=passes)
+        base = self.cache.length  # the head's real entries; tree entries go after them
+        tokens, parents, depth, score = [root], [-1], [0], [0.0]
+        feature = {0: root_feature}  # node -> the head's predicted feature at that node
+        entry = {}                   # node -> its entry's index in the head's cache
+        frontier = [0]
+        for d in range(1, min(self.depth, room) + 1):
+            logp = torch.log_softmax(self.head.logits(torch.stack([feature[n] for n in frontier])).float(), -1)
+            top = logp.topk(min(self.top_k, logp.shape[-1]), dim=-1)
+            ids = self.head.token_ids(top.indices).tolist()
+            children = []
+            for row, node in enumerate(frontier):
+                for lp, t in zip(top.values[row].tolist(), ids[row]):
+                    tokens.append(t)
+                    parents.append(node)
+                    depth.append(d)
+                    score.append(score[node] + lp)
+                    children.append(len(tokens) - 1)
+            frontier = sorted(children, key=lambda n: -score[n])[:self.top_k]
+            if d == min(self.depth, room):
+                break
+            # one head pass over the new frontier: each node reads its parent's feature and its own token, and
+            # sees the real entries and its ancestors' entries
+            past = self.cache.length
+            mask = torch.zeros(len(frontier), past + len(frontier), dtype=torch.bool)
+            mask[:, :base] = True
+            for row, node in enumerate(frontier):
+                mask[row, past + row] = True
+                a = parents[node]
+                while a > 0:
+                    mask[row, entry[a]] = True
+                    a = parents[a]
+            out = self.head(torch.stack([feature[parents[n]] for n in frontier])[None],
+                            torch.tensor([[tokens[n] for n in frontier]], device=root_feature.device),
+                            cache=self.cache, position_ids=torch.tensor([base - 1 + d] * len(frontier),
+                                                                        device=root_feature.device),
+                            attn_mask=mask.to(root_feature.device))[0]
+            passes += 1
+            for row, node in enumerate(frontier):
+                feature[node], entry[node] = out[row], past + row
+        self.cache.crop(base)
+        # the most probable nodes (a parent before its children on ties), renumbered parents-first
+        keep = sorted(range(1, len(tokens)), key=lambda n: (-score[n], depth[n], n))[:self.total_tokens]
+        keep = sorted(keep, key=lambda n: (depth[n], n))
+        index = {0: 0}
+        out_tokens, out_parents = [root], [-1]
+        for n in keep:
+            index[n] = len(out_tokens)
+            out_tokens.append(tokens[n])
+            out_parents.append(index[parents[n]])
+        return Proposal(out_tokens, out_parents, draft_passes=passes)
+
+
+def eagle_generate(target: GPT, head: EagleHead, prompt, max_new_tokens: int, depth: int = 6, top_k: int = 8,
+                   total_tokens: int = 24, temperature: float = 0.0, top_k_sampling: int | None = None,
+                   top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
+                   stats: DecodeStats | None = None, on_tokens=None) -> tuple[list[int], DecodeStats]:
+    """Speculative decoding with an EAGLE head and EAGLE-2's dynamic tree (:class:`Eagle`); returns (new token
+    ids, statistics). temperature, top_k_sampling, top_p: how the target samples."""
+    return decode(target, prompt, max_new_tokens, Eagle(head, depth, top_k, total_tokens), temperature,
+                  top_k_sampling, top_p, seed, eos_id, stats, on_tokens)
