@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .cache import KVCache
 from .checkpoint import PACKAGE_CHECKPOINTS, CheckpointError
@@ -79,7 +80,7 @@ class EagleHead(nn.Module):
         """The target's output layer on predicted features: (..., V) logits, or (..., len(vocab_subset)) when a
         subset is set (entry i is token ``vocab_subset[i]``)."""
         w = self.target.lm_head.weight
-        return features @ (w if self.vocab_subset is None else w[self.vocab_subset]).T
+        return F.linear(features, w if self.vocab_subset is None else w[self.vocab_subset])
 
     def token_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Token ids of read-out indices (the identity without a subset)."""

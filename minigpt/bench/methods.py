@@ -120,7 +120,7 @@ def _medusa(models: Models, prompt, max_new_tokens: int):
 
 
 @register("eagle", "an EAGLE head extrapolates the target's features and grows a dynamic tree (EAGLE-2); "
-          "exact tree verification", depth=6, top_k=8, total_tokens=24)
+          "exact tree verification", depth=6, top_k=4, total_tokens=16)
 def _eagle(models: Models, prompt, max_new_tokens: int, depth: int, top_k: int, total_tokens: int):
     return eagle_generate(models.target, models.eagle_head, prompt, max_new_tokens, depth=depth, top_k=top_k,
                           total_tokens=total_tokens, eos_id=models.eos_id)
