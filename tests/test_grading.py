@@ -411,8 +411,9 @@ WRONG = {
 from test_grading_ex04_ex05 import WRONG as WRONG_04_05  # noqa: E402
 from test_grading_ex06 import WRONG as WRONG_06  # noqa: E402
 from test_grading_ex07_ex08 import WRONG as WRONG_07_08  # noqa: E402
+from test_grading_ex09 import WRONG as WRONG_09  # noqa: E402
 
-ALL_WRONG = {**WRONG, **WRONG_04_05, **WRONG_06, **WRONG_07_08}
+ALL_WRONG = {**WRONG, **WRONG_04_05, **WRONG_06, **WRONG_07_08, **WRONG_09}
 
 
 def test_every_exercise_has_a_solution_and_three_wrong_versions():

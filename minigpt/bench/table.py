@@ -39,8 +39,8 @@ def format_table(records: list[dict]) -> str:
                              f"{'' if g['identical_to_plain_greedy'] else '   NOT identical'}")
     lines.append(f"{r0['n_prompts']} prompts, {r0['max_new_tokens']} new tokens each (at most), greedy, "
                  f"{r0['repeats']} repeats (medians), device {r0['device']}, {r0['dtype']}, "
-                 f"{r0['torch_threads']} threads; alpha = accepted / tested drafted tokens (for tree, medusa and a lookup tree: "
-                 f"accepted / tree levels tested, their level acceptance)")
+                 f"{r0['torch_threads']} threads; alpha = accepted / tested drafted tokens (for the tree methods -- "
+                 f"tree, medusa, eagle, lookahead, a lookup tree -- accepted / tree levels tested: level acceptance)")
     return "\n".join(lines)
 
 
