@@ -122,6 +122,7 @@ class LookupTree(Proposer):
 
     def __init__(self, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1, max_matches: int = 4):
         self.max_ngram, self.num_pred, self.min_ngram, self.max_matches = max_ngram, num_pred, min_ngram, max_matches
+        self.max_width = 1 + max_matches * num_pred
 
     def propose(self, session: Session, room: int) -> Proposal:
         tokens, parents = find_candidate_tree(session.seq, self.max_ngram, min(self.num_pred, room), self.min_ngram,

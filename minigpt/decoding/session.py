@@ -116,8 +116,8 @@ class Proposer:
                      before the root (Medusa's heads read it);
     ``speculative``  False for plain decoding: its passes are not draft-then-verify rounds in the statistics;
     ``max_width``    the most tokens one of its passes feeds the target (root included): the KV cache keeps that
-                     much room beyond the context, since near the end of the context a round's nodes may
-                     outnumber the positions left (siblings share a position)."""
+                     much room beyond the context, since near the end of the context a tree's nodes may
+                     outnumber the positions left (siblings share a position; a chain never needs it)."""
     draft: GPT | None = None
     needs_hidden: bool = False
     speculative: bool = True
