@@ -12,6 +12,7 @@ from minigpt import real
 from minigpt.real import distill
 from minigpt.decoding import generate
 from minigpt.decoding.session import prefill
+from minigpt.eagle import load_eagle
 from minigpt.cache import KVCache
 from minigpt.real.requests import stdlib_functions, training_requests
 
@@ -95,3 +96,23 @@ def test_prefill_skips_the_output_layer_and_decoding_is_unchanged():
         for _ in range(6):                    # greedy without a cache, the slow way
             ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
     assert generate(model, prompt, 6) == ids[len(prompt):]
+
+
+def test_train_eagle_head_reads_out_the_answers_most_frequent_tokens(monkeypatch, tmp_path):
+    """SmolLM2's EAGLE trainer on a stand-in model and made-up conversations: it trains, counts only answer
+    tokens for its vocabulary subset, measures held-out agreement and saves a head that loads back."""
+    target = random_model(1, **ARCHS["llama"])  # rotary positions, as SmolLM2
+    rng = np.random.default_rng(0)
+    convs = [rng.integers(0, 97, 300) for _ in range(20)]
+    answer = [np.r_[np.zeros(100, bool), np.ones(200, bool)] for _ in convs]
+    for c, a in zip(convs, answer):
+        c[a] = rng.integers(0, 10, int(a.sum()))  # answers use only tokens 0-9
+    data = dict(tokens=np.concatenate(convs).astype(np.uint16), answer=np.concatenate(answer),
+                starts=np.cumsum([0] + [len(c) for c in convs])[:-1])
+    monkeypatch.setattr(distill, "load_answers", lambda held_out=0.05: (data, 2))
+    monkeypatch.setattr(distill, "load_smollm", lambda device=None: target)
+    monkeypatch.setattr(distill, "SMOLLM2_EAGLE_CHECKPOINT", tmp_path / "eagle.pt")
+    card = distill.train_eagle_head(1.0, subset_size=10, batch_size=2, block_size=64, max_steps=3)
+    assert card["steps"] == 3 and 0 <= card["held_out_top1"] <= 1 and "100.0%" in card["vocab_subset"]
+    head = load_eagle(target, tmp_path / "eagle.pt")
+    assert sorted(head.vocab_subset.tolist()) == list(range(10))

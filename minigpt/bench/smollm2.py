@@ -11,8 +11,8 @@ import sys
 
 from ..checkpoint import CheckpointError
 from ..real.hf import load_hf_smollm
-from ..real.loaders import (EARLY_EXIT_LAYERS, LOOKUP_SETTINGS, SMOLLM2_DRAFT_CHECKPOINT, SMOLLM2_MEDUSA_CHECKPOINT,
-                            load_smollm2_draft, load_smollm2_medusa)
+from ..real.loaders import (EARLY_EXIT_LAYERS, LOOKUP_SETTINGS, SMOLLM2_DRAFT_CHECKPOINT, SMOLLM2_EAGLE_CHECKPOINT,
+                            SMOLLM2_MEDUSA_CHECKPOINT, load_smollm2_draft, load_smollm2_eagle, load_smollm2_medusa)
 from ..real.requests import KINDS, real_prompts
 from ..real.smollm import STOP, load_smollm, load_smollm_tokenizer
 from .methods import Models
@@ -25,10 +25,10 @@ SMOLLM2_BENCH_PRESETS = {"full": dict(per_kind=None, max_new_tokens=256, repeats
                          "quick": dict(per_kind=1, max_new_tokens=32, repeats=2)}
 
 
-def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=None) -> Models:
-    """:class:`~minigpt.bench.methods.Models` for SmolLM2: the model (``target``, or loaded), the shipped draft
-    and Medusa heads when present, the depth of the self-speculation draft, and ``<|im_end|>`` as the token
-    that ends an answer."""
+def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=None, eagle: bool = True) -> Models:
+    """:class:`~minigpt.bench.methods.Models` for SmolLM2: the model (``target``, or loaded), the shipped draft,
+    Medusa heads and EAGLE head when present, the depth of the self-speculation draft, and ``<|im_end|>`` as the
+    token that ends an answer."""
     target = load_smollm(device) if target is None else target
     models = Models(target, early_exit_layers=EARLY_EXIT_LAYERS,
                     eos_id=load_smollm_tokenizer().encode_single_token(STOP))
@@ -36,6 +36,8 @@ def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=
         models.draft = load_smollm2_draft(target.device)
     if medusa and SMOLLM2_MEDUSA_CHECKPOINT.exists():
         models.medusa_heads, models.medusa_paths = load_smollm2_medusa(target)
+    if eagle and SMOLLM2_EAGLE_CHECKPOINT.exists():
+        models.eagle_head = load_smollm2_eagle(target)
     return models
 
 
@@ -49,7 +51,7 @@ def main_smollm2(args, prog: str, names: list[str], dev) -> int:
     kinds = tuple(k.strip() for k in (args.kinds or ",".join(KINDS)).split(",") if k.strip())
     try:
         prompts = real_prompts(kinds=kinds, per_kind=cfg.pop("per_kind"), split=args.split)
-        models = smollm2_models(dev, draft=True, medusa="medusa" in names)
+        models = smollm2_models(dev, draft=True, medusa="medusa" in names, eagle="eagle" in names)
         if args.peers:
             models.hf_target = load_hf_smollm(dev)
     except ValueError as e:
@@ -61,9 +63,8 @@ def main_smollm2(args, prog: str, names: list[str], dev) -> int:
     missing = {"chain": models.draft, "tree": models.draft, "medusa": models.medusa_heads, "eagle": models.eagle_head}
     skipped = [n for n in names if n in missing and missing[n] is None]
     if skipped:
-        print(f"skipping {', '.join(skipped)}: no trained drafter for SmolLM2 is installed (the draft and "
-              f"Medusa heads: python -m minigpt.real train-draft / train-medusa; no EAGLE head is trained for "
-              f"SmolLM2 yet)", file=sys.stderr)
+        print(f"skipping {', '.join(skipped)}: no trained drafter for SmolLM2 is installed "
+              f"(python -m minigpt.real train-draft / train-medusa / train-eagle)", file=sys.stderr)
     names = [n for n in names if n not in skipped]
     print(f"benchmarking {', '.join(names)} on SmolLM2-135M-Instruct, {dev}: {len(prompts)} chat prompts, {cfg}",
           file=sys.stderr)

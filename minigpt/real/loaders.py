@@ -1,17 +1,19 @@
-"""The drafters shipped for SmolLM2 (a distilled two-layer draft, Medusa heads) and the settings every SmolLM2
-decoder shares: the self-speculation depth, the chat's draft length, prompt lookup's settings.
+"""The drafters for SmolLM2 (a distilled two-layer draft, Medusa heads, an EAGLE head) and the settings every
+SmolLM2 decoder shares: the self-speculation depth, the chat's draft length, prompt lookup's settings.
 
-The two files are trained by ``python -m minigpt.real train-draft`` / ``train-medusa``
-(:mod:`minigpt.real.distill`) and ship in ``minigpt/checkpoints/``, next to the course's own pair.
+The files are trained by ``python -m minigpt.real train-draft`` / ``train-medusa`` / ``train-eagle``
+(:mod:`minigpt.real.distill`) and live in ``minigpt/checkpoints/``, next to the course's own pair.
 """
 from __future__ import annotations
 
 from ..checkpoint import PACKAGE_CHECKPOINTS, load_model
+from ..eagle import EagleHead, load_eagle
 from ..heads import load_medusa
 from ..model import GPT
 
 SMOLLM2_DRAFT_CHECKPOINT = PACKAGE_CHECKPOINTS / "smollm2-draft.pt"
 SMOLLM2_MEDUSA_CHECKPOINT = PACKAGE_CHECKPOINTS / "smollm2-medusa.pt"
+SMOLLM2_EAGLE_CHECKPOINT = PACKAGE_CHECKPOINTS / "smollm2-eagle.pt"
 # of 30: the depth of the self-speculation draft. Lesson 09 measures every depth: exits before about layer 24
 # almost never agree with the full model on chat answers, and on a CPU no depth is faster than plain decoding
 EARLY_EXIT_LAYERS = 24
@@ -33,3 +35,9 @@ def load_smollm2_draft(device=None) -> GPT:
 def load_smollm2_medusa(target: GPT):
     """The shipped Medusa heads for SmolLM2 and their candidate tree: (heads, paths)."""
     return load_medusa(target, path=SMOLLM2_MEDUSA_CHECKPOINT)
+
+
+def load_smollm2_eagle(target: GPT) -> EagleHead:
+    """The EAGLE head trained for SmolLM2 (with its frequency-ranked read-out)."""
+    return load_eagle(target, SMOLLM2_EAGLE_CHECKPOINT)
+

@@ -56,20 +56,27 @@ def eagle_loss(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, no
 
 
 @torch.no_grad()
-def eagle_top1(target: GPT, head: EagleHead, data: np.ndarray, batches: int = 8, batch_size: int = 8,
-               block_size: int = 256) -> float:
-    """Held-out agreement: how often the head's next token (from the true f_t and x_{t+1}) is the target's own
-    argmax at t + 1, on windows of ``data``."""
-    g = torch.Generator().manual_seed(4321)
+def agreement(target: GPT, head: EagleHead, windows) -> float:
+    """How often the head's next token (from the true f_t and x_{t+1}) is the target's own argmax at t + 1.
+    ``windows``: (x (B, T), mask (B, T - 1) or None) pairs; a mask picks the entries that count (e.g. those
+    predicting an answer's token)."""
     hits = total = 0
-    for _ in range(batches):
-        x, _ = get_batch(data, batch_size, block_size, g)
+    for x, mask in windows:
         x = x.to(target.device)
         f = target.hidden_states(x)
         pred = head(f[:, :-1], x[:, 1:])
-        hits += int((head.logits(pred).argmax(-1) == head.logits(f[:, 1:]).argmax(-1)).sum())
-        total += pred.shape[0] * pred.shape[1]
-    return hits / total
+        agree = head.token_ids(head.logits(pred).argmax(-1)) == target.lm_head(f[:, 1:]).argmax(-1)
+        keep = torch.ones_like(agree) if mask is None else mask.to(agree.device)
+        hits += int((agree & keep).sum())
+        total += int(keep.sum())
+    return hits / max(total, 1)
+
+
+def eagle_top1(target: GPT, head: EagleHead, data: np.ndarray, batches: int = 8, batch_size: int = 8,
+               block_size: int = 256) -> float:
+    """Held-out agreement (:func:`agreement`) on ``batches`` fixed random windows of ``data`` (token ids)."""
+    g = torch.Generator().manual_seed(4321)
+    return agreement(target, head, [(get_batch(data, batch_size, block_size, g)[0], None) for _ in range(batches)])
 
 
 def depth_acceptance(target: GPT, head: EagleHead, prompts, depth: int = 6, max_new_tokens: int = 64) -> list[float]:
@@ -91,15 +98,27 @@ def depth_acceptance(target: GPT, head: EagleHead, prompts, depth: int = 6, max_
     return rates
 
 
-def train_eagle(target: GPT, head: EagleHead, minutes: float, lr: float = 1e-3, batch_size: int = 8,
-                block_size: int = 256, copy_share: float = 0.5, noise: float = 0.1, max_steps: int | None = None,
-                progress: bool = True, save_to=None) -> dict:
-    """Train ``head`` on the frozen target for ``minutes`` (or ``max_steps``): windows of the corpus's training
-    split, and a ``copy_share`` of batches from the copy-heavy examples the target itself learned to copy on.
-    ``save_to``: a path the head is saved to every 200 steps (a long run can be stopped and still kept)."""
+def course_batches(batch_size: int = 8, block_size: int = 256, copy_share: float = 0.5, vocab_size: int = 4096):
+    """The course target's training batches: windows of the corpus's training split, and a ``copy_share`` of
+    batches from the copy-heavy examples the target itself learned to copy on. Returns batch(generator) ->
+    (x, None)."""
     corpus = load_tokens("train")
     copies = load_copy_tokens("train")
     starts = example_starts(copies, load_tokenizer().encode_single_token(EOT))
+
+    def batch(g: torch.Generator):
+        if float(torch.rand((), generator=g)) < copy_share:
+            return copy_batch(copies, starts, batch_size, block_size, g, vocab_size=vocab_size)[0], None
+        return get_batch(corpus, batch_size, block_size, g)[0], None
+    return batch
+
+
+def train_eagle(target: GPT, head: EagleHead, minutes: float, batches=None, lr: float = 1e-3, noise: float = 0.1,
+                max_steps: int | None = None, progress: bool = True, save_to=None) -> dict:
+    """Train ``head`` on the frozen target for ``minutes`` (or ``max_steps``). ``batches``: a function of a
+    generator returning (x, mask or None) (default: :func:`course_batches`); ``save_to``: a path the head is
+    saved to every 200 steps (a long run can be stopped and still kept)."""
+    batches = batches or course_batches(vocab_size=target.config.vocab_size)
     target.eval().requires_grad_(False)
     head.train()
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
@@ -109,14 +128,11 @@ def train_eagle(target: GPT, head: EagleHead, minutes: float, lr: float = 1e-3, 
     while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps):
         for group in opt.param_groups:  # a short warm-up, then a constant rate
             group["lr"] = lr * min(1.0, (step + 1) / 50)
-        if float(torch.rand((), generator=g)) < copy_share:
-            x, _ = copy_batch(copies, starts, batch_size, block_size, g, vocab_size=target.config.vocab_size)
-        else:
-            x, _ = get_batch(corpus, batch_size, block_size, g)
+        x, mask = batches(g)
         x = x.to(target.device)
         with torch.no_grad():
             f = target.hidden_states(x)
-        loss, parts = eagle_loss(head, f, x, noise)
+        loss, parts = eagle_loss(head, f, x, noise, mask=None if mask is None else mask.to(x.device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -131,8 +147,8 @@ def train_eagle(target: GPT, head: EagleHead, minutes: float, lr: float = 1e-3, 
         bar.update(1)
     bar.close()
     head.eval()
-    return dict(steps=step, tokens_seen=tokens, train_seconds=round(time.time() - t0), lr=lr, batch_size=batch_size,
-                block_size=block_size, copy_share=copy_share, input_noise=noise, history=history)
+    return dict(steps=step, tokens_seen=tokens, train_seconds=round(time.time() - t0), lr=lr,
+                batch_shape=list(x.shape), input_noise=noise, history=history)
 
 
 def main(argv=None) -> None:
