@@ -95,7 +95,7 @@ class Lookahead(Proposer):
         self.window, self.rows, self.candidates = window, ngram - 1, candidates
         self.mask, self.depths = window_mask(self.rows, window), window_depths(self.rows, window)
         self.max_width = 1 + candidates * self.rows + self.rows * window
-        self.pool, self.guesses, self.session = NgramPool(max(candidates, 1)), None, None
+        self.pool, self.guesses, self.session = None, None, None  # made per generation, in propose()
 
     def propose(self, session: Session, room: int) -> Proposal:
         if self.session is not session:  # a new generation: guesses from the prompt, an empty pool

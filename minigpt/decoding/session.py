@@ -185,7 +185,7 @@ class Session:
 
     def step(self, proposer: Proposer) -> Verified:
         """One round: propose, verify (one target pass), book, extend the sequence, roll the draft back."""
-        proposal = proposer.propose(self, self.max_new_tokens - (len(self.seq) - self.n_prompt) - 1)
+        proposal = proposer.propose(self, self.max_new_tokens - self.n_new - 1)
         verified = verify(self.target, self.cache, proposal, self.rule, return_hidden=self.needs_hidden)
         self.stats.draft_passes += proposal.draft_passes
         if proposer.speculative:

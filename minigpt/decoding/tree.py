@@ -11,7 +11,7 @@ import torch
 from ..cache import KVCache
 from ..model import GPT
 from ..sampling import SamplingConfig
-from .candidates import Proposal, one_hot_q, ordered_paths, tree_attention_mask, tree_position_ids
+from .candidates import Proposal, one_hot_q, ordered_paths
 from .session import Proposer, Session, decode
 from .stats import DecodeStats
 
@@ -20,10 +20,10 @@ from .stats import DecodeStats
 def score_tree(model: GPT, cache: KVCache, tokens, parents, return_hidden: bool = False):
     """One pass of ``model`` over a flattened tree placed after the cache; returns logits (N, V), and the final
     hidden states (N, C) too with ``return_hidden``. The cache grows by N; the caller crops or compacts it."""
-    mask = tree_attention_mask(parents).to(model.device)
-    pos = tree_position_ids(parents, cache.length).to(model.device)
-    idx = torch.tensor([list(tokens)], device=model.device)
-    out = model(idx, cache=cache, position_ids=pos, attn_mask=mask, return_hidden=return_hidden)
+    tree = Proposal(list(tokens), list(parents))  # its mask and positions, as verify() builds them
+    out = model(torch.tensor([tree.tokens], device=model.device), cache=cache,
+                position_ids=tree.position_ids(cache.length).to(model.device),
+                attn_mask=tree.attention_mask().to(model.device), return_hidden=return_hidden)
     return (out[0][0], out[1][0]) if return_hidden else out[0]
 
 
