@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .cache import KVCache
+from .paged import PagedBatch
 
 
 @dataclass
@@ -99,10 +100,11 @@ def make_norm(config: GPTConfig) -> nn.Module:
 
 def rotary_angles(position_ids: torch.Tensor, head_size: int, base: float,
                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, each (T, head_size / 2): pair i of a token at position p turns by
-    ``p * base**(-2i / head_size)``. Computed once per forward pass and shared by every layer."""
+    """cos and sin of the rotary angles, each (T, head_size / 2) (or (B, T, head_size / 2) for (B, T) positions):
+    pair i of a token at position p turns by ``p * base**(-2i / head_size)``. Computed once per forward pass and
+    shared by every layer."""
     inv_freq = base ** (-torch.arange(0, head_size, 2, device=position_ids.device, dtype=torch.float32) / head_size)
-    angles = position_ids.to(torch.float32)[:, None] * inv_freq[None, :]
+    angles = position_ids.to(torch.float32)[..., None] * inv_freq  # (..., T, head_size / 2)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
@@ -260,15 +262,19 @@ class GPT(nn.Module):
         (None for a model with learned positions)."""
         if self.config.pos != "rope":
             return None
-        return rotary_angles(position_ids, self.config.head_size, self.config.rope_base,
-                             self.transformer.wte.weight.dtype)
+        cos, sin = rotary_angles(position_ids, self.config.head_size, self.config.rope_base,
+                                 self.transformer.wte.weight.dtype)
+        if position_ids.dim() == 2:  # a position per sequence of a batch: (B, 1, T, hs / 2) serves every head
+            cos, sin = cos[:, None], sin[:, None]
+        return cos, sin
 
     @property
     def device(self) -> torch.device:
         return self.transformer.wte.weight.device
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
-                attn_mask: torch.Tensor | None = None, return_hidden: bool = False):
+    def forward(self, idx: torch.Tensor, cache: KVCache | PagedBatch | None = None,
+                position_ids: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
+                return_hidden: bool = False):
         """Score a batch of token sequences.
 
         idx:          (B, T) token ids, appended after the ``cache`` contents if a cache is given.
@@ -276,6 +282,8 @@ class GPT(nn.Module):
                       A flattened tree passes ``cached + depth``.
         attn_mask:    (T, T) bool, True where new token i may attend to new token j; default causal.
                       Every new token always sees the whole cache.
+        With a :class:`~minigpt.paged.PagedBatch` the B sequences have their own lengths: position_ids are
+        (B, T) and attn_mask may be (B, T, T), one per sequence (see :meth:`PagedBatch.begin`).
         Returns logits (B, T, vocab_size) at every position, and the final hidden states (B, T, n_embd)
         after ``ln_f`` when ``return_hidden`` is set.
         """
@@ -283,8 +291,8 @@ class GPT(nn.Module):
         logits = self.lm_head(h)  # (B, T, vocab_size)
         return (logits, h) if return_hidden else logits
 
-    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
-                      attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden_states(self, idx: torch.Tensor, cache: KVCache | PagedBatch | None = None,
+                      position_ids: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`forward` without the output layer: the final hidden states (B, T, n_embd) after ``ln_f``.
         With a large vocabulary the output layer is the most expensive matmul of a small model, so code that
         needs no logits (a prefill keeps only keys and values) or logits at a few positions (training on
@@ -293,11 +301,13 @@ class GPT(nn.Module):
             raise ValueError(f"idx must be a (batch, time) tensor of token ids, got shape {tuple(idx.shape)} "
                              f"and dtype {idx.dtype}")
         B, T = idx.shape
-        past = cache.length if cache is not None else 0
         if cache is not None and cache.batch_size != B:
             raise ValueError(f"cache holds batch size {cache.batch_size} but idx has batch size {B}")
         if T == 0:
             raise ValueError("idx holds no tokens")
+        if isinstance(cache, PagedBatch):
+            return self._paged_hidden_states(idx, cache, position_ids, attn_mask)
+        past = cache.length if cache is not None else 0
         if position_ids is None:
             # the usual case, checked with plain integers: reading a tensor's min/max would cost two reductions
             # and two waits for the device on every decoding step
@@ -332,12 +342,32 @@ class GPT(nn.Module):
         else:                           # rotary positions: the angles, once for all layers
             rope = self.rotary(torch.arange(past, past + T, device=idx.device) if position_ids is None
                                else position_ids)
+        return self._blocks(x, mask, cache, rope)
+
+    def _blocks(self, x: torch.Tensor, mask, cache, rope) -> torch.Tensor:
+        """The layers after the embeddings, then the final norm; the cache learns that ``T`` positions were added."""
         x = F.dropout(x, self.config.dropout, self.training)  # a no-op when not training
         for i, block in enumerate(self.transformer.h):
             x = block(x, mask, cache, i, rope)
         if cache is not None:
-            cache.advance(T)
+            cache.advance(x.shape[1])
         return self.transformer.ln_f(x)
+
+    def _paged_hidden_states(self, idx: torch.Tensor, cache: PagedBatch, position_ids, attn_mask) -> torch.Tensor:
+        """:meth:`hidden_states` for B sequences of different lengths on a paged cache: each new token has its
+        own sequence's position and sees its own sequence's keys only (the mask :meth:`PagedBatch.begin` builds)."""
+        position_ids, mask = cache.begin(idx.shape[1], position_ids, attn_mask)
+        first, last = int(position_ids.min()), int(position_ids.max())
+        if first < 0 or last >= self.config.block_size:
+            raise ValueError(f"positions must lie in [0, {self.config.block_size}) (the model's context), "
+                             f"got {first}..{last}")
+        x = self.transformer.wte(idx)
+        rope = None
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(position_ids)  # (B, T, C)
+        else:
+            rope = self.rotary(position_ids)
+        return self._blocks(x, mask, cache, rope)
 
 
 def early_exit_draft(model: GPT, n_layers: int) -> GPT:

@@ -27,6 +27,7 @@ import torch
 
 from ..cache import KVCache
 from ..model import GPT
+from ..paged import PagedBatch, PagedSequence
 from ..sampling import SamplingConfig, sample
 from .candidates import Proposal, children_of
 
@@ -194,6 +195,15 @@ def verify(target: GPT, cache: KVCache, proposal: Proposal, rule: Rule, return_h
         out = target(idx, cache=cache, position_ids=proposal.position_ids(start).to(target.device),
                      attn_mask=proposal.attention_mask().to(target.device), return_hidden=return_hidden)
     logits, hidden = (out[0][0], out[1][0]) if return_hidden else (out[0], None)
+    return settle(cache, start, proposal, logits, hidden, rule)
+
+
+def settle(cache, start: int, proposal: Proposal, logits: torch.Tensor, hidden: torch.Tensor | None,
+           rule: Rule) -> Verified:
+    """After the target's pass over ``proposal`` (appended to ``cache`` at ``start``): apply ``rule`` to its
+    logits (N + extra, V) and roll the cache back to the accepted candidates -- a chain cropped, a tree
+    compacted to its accepted path. ``cache``: a :class:`KVCache` or one sequence's
+    :class:`~minigpt.paged.PagedSequence` (same two operations)."""
     n = len(proposal.tokens)
     path, last = rule(proposal, logits[:n])
     if proposal.is_chain:
@@ -201,8 +211,57 @@ def verify(target: GPT, cache: KVCache, proposal: Proposal, rule: Rule, return_h
     else:
         cache.compact(start, [0] + path)  # keep the root and the accepted nodes, contiguous
     return Verified([int(proposal.tokens[i]) for i in path] + [int(last)], path,
-                    hidden[[0] + path] if return_hidden else None,
+                    None if hidden is None else hidden[[0] + path],
                     logits[n:] if proposal.extra_tokens else None)
+
+
+@torch.no_grad()
+def score_ragged(model: GPT, tables: list[PagedSequence], token_lists: list[list[int]], masks=None, positions=None,
+                 return_hidden: bool = False):
+    """One pass of ``model`` over B sequences on a paged cache, sequence b appending ``token_lists[b]`` (the
+    lists may differ in length: a ragged batch). masks[b]: the (n_b, n_b) mask among its new tokens (None:
+    causal); positions[b]: their (n_b,) positions (None: consecutive after the sequence's length).
+
+    Shorter lists are padded to the longest with copies of their last token at their last position, causal,
+    so they see nothing they should not and nobody sees them; the padding is dropped from the cache after the
+    pass. Returns the logits (B, T, V) and, with ``return_hidden``, the final hidden states (B, T, C); row b
+    is valid in its first n_b entries. Every table ends ``n_b`` positions longer."""
+    B, device = len(tables), model.device
+    lens = [len(t) for t in token_lists]
+    if min(lens) < 1:
+        raise ValueError("every sequence of a ragged batch needs at least one token")
+    T = max(lens)
+    idx = torch.tensor([t + [t[-1]] * (T - len(t)) for t in token_lists], device=device)
+    pos = torch.empty(B, T, dtype=torch.long)
+    attn = torch.ones(T, T, dtype=torch.bool).tril().repeat(B, 1, 1)
+    for b, (table, n) in enumerate(zip(tables, lens)):
+        own = (torch.arange(n) + len(table)) if positions is None or positions[b] is None else positions[b].cpu()
+        pos[b, :n] = own
+        pos[b, n:] = own[-1]
+        if masks is not None and masks[b] is not None:
+            attn[b, :n, :n] = masks[b].cpu()
+    starts = [len(t) for t in tables]
+    out = model(idx, cache=PagedBatch(tables), position_ids=pos.to(device), attn_mask=attn.to(device),
+                return_hidden=return_hidden)
+    for table, start, n in zip(tables, starts, lens):
+        table.crop(start + n)  # drop the padding
+    return out if return_hidden else (out, None)
+
+
+@torch.no_grad()
+def verify_batch(target: GPT, tables: list[PagedSequence], proposals: list[Proposal], rules: list[Rule],
+                 return_hidden: bool = False) -> list[Verified]:
+    """:func:`verify` for B sequences at once: one target pass over every sequence's proposal (chains and
+    trees may be mixed, and differ in size), then each sequence's own rule and rollback (:func:`settle`).
+    Each sequence's outcome is what :func:`verify` would have decided for it alone."""
+    starts = [len(t) for t in tables]
+    tokens = [p.tokens + p.extra_tokens for p in proposals]
+    masks = [None if p.is_chain else p.attention_mask() for p in proposals]
+    positions = [None if p.is_chain else p.position_ids(s) for p, s in zip(proposals, starts)]
+    logits, hidden = score_ragged(target, tables, tokens, masks, positions, return_hidden)
+    return [settle(table, start, p, logits[b, :len(tokens[b])],
+                   None if hidden is None else hidden[b, :len(tokens[b])], rule)
+            for b, (table, start, p, rule) in enumerate(zip(tables, starts, proposals, rules))]
 
 
 def verify_chain(target: GPT, cache: KVCache, pending: int, tokens: list[int], cfg: SamplingConfig,
