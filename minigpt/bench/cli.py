@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 import torch
 
 from ..real.hf import require_transformers
+from .batch import BATCH_METHODS, report_batch, run_batch_bench
 from .methods import METHODS
 from .run import check_device, check_methods, run_bench
 from .smollm2 import main_smollm2
@@ -39,6 +42,9 @@ def main(argv=None) -> int:
     ap.add_argument("--split", choices=["dev", "held-out", "all"], default="all",
                     help="smollm2 only: the development requests, the held-out ones, or both (default; reported "
                          "per set)")
+    ap.add_argument("--batch", default=None, metavar="B,B,...",
+                    help="decode B requests at once on the paged KV cache (plain, chain, prompt_lookup) for each "
+                         "batch size listed, e.g. 1,2,4,8,16, and report each method's speed-up over plain")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads for torch (default 1: the models are tiny, and on a busy machine more "
                          "threads were measured to slow decoding down many times over; 0 = torch's default)")
@@ -60,6 +66,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if args.gamma is not None and args.gamma < 1:
         ap.error("gamma must be at least 1")
+    if args.batch is not None:
+        return main_batch(args, ap, dev)
     if args.model == "smollm2":
         return main_smollm2(args, ap.prog, names, dev)
     cfg = dict(BENCH_PRESETS["quick" if args.quick else "full"])
@@ -72,3 +80,27 @@ def main(argv=None) -> int:
     records = run_bench(names, gamma=args.gamma, device=dev, peers=args.peers,
                         log=lambda m: print(m, file=sys.stderr), **cfg)
     return report(records, args.json)
+
+
+def main_batch(args, ap, dev) -> int:
+    """``--batch``: the batch-size race of :mod:`.batch`."""
+    try:
+        sizes = [int(b) for b in args.batch.split(",")]
+    except ValueError:
+        ap.error(f"--batch takes comma-separated batch sizes such as 1,2,4,8, got {args.batch!r}")
+    if min(sizes) < 1:
+        ap.error("batch sizes must be positive")
+    if args.model != "course":
+        ap.error("--batch runs the course's models only")
+    chosen = [m for m in args.methods.split(",") if m in BATCH_METHODS]
+    if args.methods != ",".join(METHODS) and not chosen:
+        ap.error(f"--batch races {', '.join(BATCH_METHODS)}; none of them is in --methods")
+    quick = args.quick
+    records = run_batch_bench(sizes, chosen or BATCH_METHODS,
+                              max_new_tokens=args.max_new_tokens or (32 if quick else 64),
+                              repeats=args.repeats or (3 if quick else 5), gamma=args.gamma or 4, device=dev,
+                              log=lambda m: print(m, file=sys.stderr))
+    print(report_batch(records))
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
+    return 0 if all(r["identical_to_solo_plain"] and not r["blocks_left"] for r in records) else 1

@@ -10,7 +10,9 @@ Stops at once, exit status 2, when torch sees no CUDA device. Otherwise, with ``
    ``pytest.xml``);
 2. ``python -m minigpt.bench --device cuda --json`` (with ``--peers`` when bench supports it and transformers
    is installed) (``bench.log``, ``bench.json``);
-3. a memory-bound timing: random-weight GPT-2-shaped models (``minigpt.hardware.MODEL_SIZES``, up to
+3. ``python -m minigpt.bench --device cuda --batch 1,2,...,64``: plain, chain and prompt lookup on B requests
+   at once on the paged cache, each method's speed-up over plain per B (``batch.log``, ``batch.json``);
+4. a memory-bound timing: random-weight GPT-2-shaped models (``minigpt.hardware.MODEL_SIZES``, up to
    ~307M parameters), one forward pass over 1..512 new tokens after a cached prefix, medians of interleaved
    repeats, next to the measured copy bandwidth and per-op overhead;
 
@@ -132,6 +134,12 @@ def markdown(res: dict) -> str:
         md += ["## python -m minigpt.bench --device cuda", "", f"exit status {b['rc']} after {b['seconds']:.0f} s", ""]
         if b.get("table"):
             md += ["```", b["table"], "```", ""]
+    if "batch" in res:
+        b = res["batch"]
+        md += ["## python -m minigpt.bench --device cuda --batch (B requests at once, paged cache)", "",
+               f"exit status {b['rc']} after {b['seconds']:.0f} s", ""]
+        if b.get("table"):
+            md += ["```", b["table"], "```", ""]
     if "sweep" in res:
         s = res["sweep"]
         md += ["## Forward pass time against tokens per pass (random weights, fp32, batch 1)", "",
@@ -162,6 +170,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-tests", action="store_true", help="skip the pytest + notebooks run")
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--skip-batch", action="store_true")
+    ap.add_argument("--batch", default="1,2,4,8,16,32,64",
+                    help="batch sizes of the batched race (bench --batch; default 1,2,4,8,16,32,64)")
     ap.add_argument("--sizes", default=None, help="model presets for the sweep (default target,small,base,large)")
     ap.add_argument("--cached", type=int, default=256, help="cached prefix of the timed passes (default 256)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds allowed for each of pytest and bench")
@@ -213,6 +224,19 @@ def main(argv=None) -> int:
         if r["rc"] != 0:
             res["errors"]["bench"] = (f"exit status {r['rc']}, see bench.log (1 means some method's tokens "
                                       f"differ from plain greedy; 124 a timeout)")
+        save()
+    if not args.skip_batch:
+        batch_json = out_dir / "batch.json"
+        cmd = [sys.executable, "-m", "minigpt.bench", "--device", "cuda", "--batch", args.batch,
+               "--json", str(batch_json)] + (["--quick"] if args.quick else [])
+        r = run_logged(cmd, out_dir / "batch.log", env, args.timeout)
+        if batch_json.exists():
+            r["records"] = json.loads(batch_json.read_text())
+            from minigpt.bench.batch import report_batch
+            r["table"] = report_batch(r["records"])
+        res["batch"] = r
+        if r["rc"] != 0:
+            res["errors"]["batch"] = f"exit status {r['rc']}, see batch.log (1: an output differed or a block leaked)"
         save()
     if not args.skip_sweep:
         sizes = args.sizes.split(",") if args.sizes else (["target", "base"] if args.quick else
