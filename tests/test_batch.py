@@ -126,7 +126,7 @@ def test_scheduler_admits_within_the_pool():
     """A pool with room for two worst-case requests never runs more than two, and still serves all."""
     target = random_model(6)
     requests = [Request([1, 2, 3], 20) for _ in range(5)]
-    blocks = 2 * ((3 + 20 + 64 + 7) // 8)                    # two requests' worst case (Plain's width is 64)
+    blocks = 2 * ((3 + 20 + 1 + 7) // 8)                     # two requests' worst case (a plain pass: 1 token)
     report = serve(target, requests, max_batch=5, n_blocks=blocks, block_size=8)
     assert max(report.stats.batch_sizes) == 2 and report.peak_blocks <= blocks
     assert report.outputs == [generate(target, [1, 2, 3], 20)] * 5

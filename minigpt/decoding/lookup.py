@@ -106,6 +106,7 @@ class Lookup(Proposer):
                  max_pred: int = 32):
         self.max_ngram, self.k, self.min_ngram = max_ngram, num_pred, min_ngram
         self.adaptive, self.max_pred = adaptive, max_pred
+        self.max_width = 1 + (max(max_pred, num_pred) if adaptive else num_pred)
 
     def propose(self, session: Session, room: int) -> Proposal:
         drafted = find_candidates(session.seq, self.max_ngram, self.k, self.min_ngram)[:room]

@@ -15,6 +15,7 @@ from .stats import DecodeStats
 class Plain(Proposer):
     """No candidates: the root alone."""
     speculative = False  # its passes are decoding steps, not draft-then-verify rounds
+    max_width = 1
 
     def propose(self, session: Session, room: int) -> Proposal:
         return Proposal([session.seq[-1]], [-1])
