@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import perturbed_copy, random_model
-from minigpt.decoding import Lookup, LookupTree, generate, speculative_generate
+from minigpt.decoding import Chain, Lookup, LookupTree, generate, speculative_generate
 from minigpt.decoding.batch import (BatchedChain, BatchEngine, PerSequence, Request, decode_batch,
                                     longest_common_prefix, serve)
 from minigpt.decoding.plain import Plain
@@ -51,6 +51,39 @@ def test_batched_greedy_equals_decoding_alone(arch, name):
         assert sum(s.target_passes for s in stats) < len(prompts) * n   # ... and saved passes
         # the batch needs as many passes as its slowest sequence: never fewer than any one of them
         assert batch.target_passes == max(s.target_passes for s in stats)
+
+
+@pytest.mark.parametrize("name", ["eagle", "medusa", "lookahead"])
+def test_per_sequence_proposers_with_hidden_states_or_extra_nodes_in_a_batch(arch, name):
+    """EAGLE and Medusa read the target's hidden states of each sequence's own accepted positions; lookahead
+    adds extra nodes (its window) to each pass. In a batch each sequence's output is still its solo output,
+    with and without a shared prefix (whose hidden states the engine keeps for them)."""
+    from minigpt.decoding.eagle import Eagle
+    from minigpt.decoding.lookahead import Lookahead
+    from minigpt.decoding.medusa import Medusa
+    from minigpt.eagle import EagleHead
+    from minigpt.heads import MedusaHeads
+    target = random_model(2, **arch)
+    torch.manual_seed(0)
+    if name == "eagle":
+        head = EagleHead(target).eval()
+        with torch.no_grad():
+            for prm in head.parameters():
+                prm.add_(torch.randn_like(prm) * 0.05)
+        factory = lambda: Eagle(head, depth=4, top_k=2, total_tokens=6)   # noqa: E731
+    elif name == "medusa":
+        heads = MedusaHeads.for_target(target, n_heads=2).eval()
+        factory = lambda: Medusa(heads, [(0,), (1,), (0, 0)])            # noqa: E731
+    else:
+        factory = lambda: Lookahead(window=3, ngram=3, candidates=2)     # noqa: E731
+    system = [5, 6, 7, 8, 9, 10, 11]
+    prompts = [system + p for p in ragged_prompts(5, seed=7)]
+    for share in (False, True):
+        outs, stats, batch = decode_batch(target, prompts, 18, PerSequence(factory), share_prefix=share,
+                                          block_size=4)
+        assert outs == [generate(target, p, 18) for p in prompts], f"share_prefix={share}"
+        assert batch.blocks_left == 0
+    assert sum(s.target_passes for s in stats) < 5 * 18 or name == "lookahead"
 
 
 def test_ragged_stops_and_eos():
@@ -144,12 +177,8 @@ def test_bad_requests_fail_in_one_line():
     engine.admit(Request([1, 2], 5))
     with pytest.raises(MemoryError, match="batch is full"):
         engine.admit(Request([1, 2], 5))
-    with pytest.raises(ValueError, match="draft model"):
-        PerSequence(lambda: _NeedsHidden())
-
-
-class _NeedsHidden(Plain):
-    needs_hidden = True
+    with pytest.raises(ValueError, match="BatchedChain"):
+        PerSequence(lambda: Chain(target, 2))
 
 
 def _accept_everything(sampling, generator):

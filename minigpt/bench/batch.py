@@ -1,5 +1,5 @@
 """The batch-size benchmark, ``python -m minigpt.bench --batch 1,2,4,8,16``: plain, chain and prompt-lookup
-decoding of B requests at once on the paged cache (:mod:`minigpt.decoding.batch`), and how the speed-up of
+decoding (and EAGLE, with ``--methods plain,eagle``) of B requests at once on the paged cache (:mod:`minigpt.decoding.batch`), and how the speed-up of
 speculation over plain decoding changes with B.
 
 Each batch size gets its own interleaved race (:func:`~minigpt.device.time_rotating_over`): every repeat
@@ -15,13 +15,15 @@ import torch
 
 from ..decoding import Lookup, generate
 from ..decoding.batch import BatchedChain, PerSequence, decode_batch
+from ..decoding.eagle import Eagle
 from ..decoding.plain import Plain
 from ..device import time_rotating_over
 from ..prompts import code_prompts, edit_prompts
 from ..verdict import noise_band, verdict_from_range
 from .methods import Models
 
-BATCH_METHODS = ("plain", "chain", "prompt_lookup")
+BATCH_METHODS = ("plain", "chain", "prompt_lookup", "eagle")
+DEFAULT_BATCH_METHODS = ("plain", "chain", "prompt_lookup")
 
 
 def batch_proposer(name: str, models: Models, gamma: int = 4, num_pred: int = 8, max_ngram: int = 3):
@@ -32,6 +34,10 @@ def batch_proposer(name: str, models: Models, gamma: int = 4, num_pred: int = 8,
         return BatchedChain(models.draft, gamma)
     if name == "prompt_lookup":
         return PerSequence(lambda: Lookup(max_ngram, num_pred))
+    if name == "eagle":  # the bench's EAGLE-2 setting; the head drafts sequence by sequence, verification is batched
+        if models.eagle_head is None:
+            raise ValueError("the eagle method needs models.eagle_head")
+        return PerSequence(lambda: Eagle(models.eagle_head, depth=6, top_k=4, total_tokens=16))
     raise ValueError(f"no batched version of {name!r}; batched methods: {', '.join(BATCH_METHODS)}")
 
 
@@ -50,7 +56,7 @@ def batch_prompts(n: int, edit_share: float = 0.25) -> list:
     return out
 
 
-def run_batch_bench(batch_sizes=(1, 2, 4, 8, 16), methods=BATCH_METHODS, max_new_tokens: int = 64,
+def run_batch_bench(batch_sizes=(1, 2, 4, 8, 16), methods=DEFAULT_BATCH_METHODS, max_new_tokens: int = 64,
                     repeats: int = 5, gamma: int = 4, models: Models | None = None, prompts=None,
                     device=None, log=None) -> list[dict]:
     """One record per (B, method): tokens/s of the whole batch (median, min, max over repeats), the speed-up
@@ -65,7 +71,7 @@ def run_batch_bench(batch_sizes=(1, 2, 4, 8, 16), methods=BATCH_METHODS, max_new
             raise ValueError(f"no batched version of {name!r}; batched methods: {', '.join(BATCH_METHODS)}")
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch sizes must be positive, got {list(batch_sizes)}")
-    models = models or Models.shipped(device or "cpu")
+    models = models or Models.shipped(device or "cpu", eagle="eagle" in methods)
     prompts = prompts if prompts is not None else batch_prompts(max(batch_sizes))
     if len(prompts) < max(batch_sizes):
         raise ValueError(f"{len(prompts)} prompts for a batch of {max(batch_sizes)}")

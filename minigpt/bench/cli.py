@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..real.hf import require_transformers
-from .batch import BATCH_METHODS, report_batch, run_batch_bench
+from .batch import BATCH_METHODS, DEFAULT_BATCH_METHODS, report_batch, run_batch_bench
 from .methods import METHODS
 from .run import check_device, check_methods, run_bench
 from .smollm2 import main_smollm2
@@ -43,8 +43,9 @@ def main(argv=None) -> int:
                     help="smollm2 only: the development requests, the held-out ones, or both (default; reported "
                          "per set)")
     ap.add_argument("--batch", default=None, metavar="B,B,...",
-                    help="decode B requests at once on the paged KV cache (plain, chain, prompt_lookup) for each "
-                         "batch size listed, e.g. 1,2,4,8,16, and report each method's speed-up over plain")
+                    help="decode B requests at once on the paged KV cache (plain, chain, prompt_lookup; eagle too if "
+                         "named in --methods) for each batch size listed, e.g. 1,2,4,8,16, and report each "
+                         "method's speed-up over plain")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads for torch (default 1: the models are tiny, and on a busy machine more "
                          "threads were measured to slow decoding down many times over; 0 = torch's default)")
@@ -96,7 +97,7 @@ def main_batch(args, ap, dev) -> int:
     if args.methods != ",".join(METHODS) and not chosen:
         ap.error(f"--batch races {', '.join(BATCH_METHODS)}; none of them is in --methods")
     quick = args.quick
-    records = run_batch_bench(sizes, chosen or BATCH_METHODS,
+    records = run_batch_bench(sizes, chosen or DEFAULT_BATCH_METHODS,
                               max_new_tokens=args.max_new_tokens or (32 if quick else 64),
                               repeats=args.repeats or (3 if quick else 5), gamma=args.gamma or 4, device=dev,
                               log=lambda m: print(m, file=sys.stderr))

@@ -11,8 +11,9 @@ finished sequence gives all of its blocks back, and a new request can take them 
 * :class:`Sequence` -- one request being decoded: what a :class:`~.session.Session` is for one generation
   (its tokens, its generator and acceptance rule, its statistics, its stream, its block tables);
 * :class:`BatchProposer` -- what a method proposes for all active sequences at once: :class:`PerSequence`
-  wraps any proposer that needs no model of its own (plain, prompt lookup, a lookup tree), one instance per
-  sequence; :class:`BatchedChain` drafts with a draft model, batched too;
+  wraps any proposer without a draft model (plain, prompt lookup, a lookup tree, Medusa, EAGLE), one instance
+  per sequence, each drafting on its own (only the target's pass is batched); :class:`BatchedChain` drafts
+  with a draft model, batched too;
 * :class:`BatchEngine` -- the loop: admit (prefill, sharing a registered prefix), step (propose, one target
   pass for all through :func:`~.verify.verify_batch`, each sequence's own rule and rollback), retire;
 * :func:`decode_batch` -- B prompts decoded together; :func:`serve` -- continuous batching of requests that
@@ -54,13 +55,15 @@ class Request:
 class Sequence:
     """A request in the batch: its tokens, generator, acceptance rule, statistics, stream and block tables.
 
-    Per-sequence proposers read it as they read a :class:`~.session.Session` (``seq``, ``sampling``,
-    ``generator``, ``n_new``). Times are seconds on the engine's clock: ``t_admitted``, ``t_first`` (first new
-    token), ``t_done``."""
+    Per-sequence proposers read it as they read a :class:`~.session.Session` (``target``, ``seq``, ``sampling``,
+    ``generator``, ``n_new``, ``cache`` -- its block table --, and for a proposer that ``needs_hidden``,
+    ``new_hidden`` and ``hidden``). Times are seconds on the engine's clock: ``t_admitted``, ``t_first`` (first
+    new token), ``t_done``."""
 
     def __init__(self, request: Request, sampling: SamplingConfig, table: PagedSequence,
-                 draft_table: PagedSequence | None, rule_factory=rule_for):
-        self.request = request
+                 draft_table: PagedSequence | None, rule_factory=rule_for, target: GPT | None = None,
+                 new_hidden: torch.Tensor | None = None):
+        self.request, self.target, self.new_hidden = request, target, new_hidden
         self.seq = [int(t) for t in request.prompt]
         self.n_prompt = len(self.seq)
         self.max_new_tokens, self.eos_id = request.max_new_tokens, request.eos_id
@@ -73,6 +76,15 @@ class Sequence:
         self.proposer: Proposer | None = None  # set by PerSequence.start
         self.ended = False
         self.t_admitted = self.t_first = self.t_done = None
+
+    @property
+    def cache(self) -> PagedSequence:
+        return self.table
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """The target's final hidden state at the last cached position, if kept (see Session.hidden)."""
+        return None if self.new_hidden is None else self.new_hidden[-1]
 
     @property
     def n_new(self) -> int:
@@ -97,6 +109,7 @@ class BatchProposer:
     as in :meth:`.session.Proposer.propose`). ``draft``: a draft model, whose block tables the engine keeps
     (``seq.draft_table``: prefilled, rolled back after each round like the session's draft cache)."""
     draft: GPT | None = None
+    needs_hidden: bool = False  # keep each sequence's new_hidden (the target's final hidden states), as a Session does
     speculative: bool = True
     max_width: int = 64
 
@@ -111,16 +124,18 @@ class BatchProposer:
 
 
 class PerSequence(BatchProposer):
-    """A per-sequence :class:`~.session.Proposer` without a model of its own (Plain, Lookup, LookupTree), one
-    instance per sequence, made by ``factory()`` (adaptive lengths are per sequence)."""
+    """A per-sequence :class:`~.session.Proposer` without a draft model (Plain, Lookup, LookupTree, Medusa,
+    Eagle), one instance per sequence, made by ``factory()``: adaptive lengths, EAGLE's head cache and the like
+    are per sequence. Their drafting runs sequence by sequence; the target's verification is batched."""
 
     def __init__(self, factory):
         self.factory = factory
         sample_proposer = factory()
-        if sample_proposer.draft is not None or sample_proposer.needs_hidden:
-            raise ValueError(f"{type(sample_proposer).__name__} needs a draft model or hidden states: "
-                             f"PerSequence takes proposers that read the tokens only")
+        if sample_proposer.draft is not None:
+            raise ValueError(f"{type(sample_proposer).__name__} has a draft model: use BatchedChain, which "
+                             f"batches the draft's passes and keeps its block tables")
         self.speculative, self.max_width = sample_proposer.speculative, sample_proposer.max_width
+        self.needs_hidden = sample_proposer.needs_hidden
 
     def start(self, seq: Sequence) -> None:
         seq.proposer = self.factory()
@@ -208,7 +223,9 @@ class BatchEngine:
         self.draft_pool = None if self.draft is None else BlockPool.for_model(self.draft, self.n_blocks, block_size)
         self.rule_factory = rule or rule_for
         self.active: list[Sequence] = []
-        self.prefixes: list[tuple[list[int], PagedSequence, PagedSequence | None]] = []
+        self.needs_hidden = proposer.needs_hidden
+        # registered prefixes: (ids, target table, draft table, the target's hidden states there if needed)
+        self.prefixes: list[tuple[list[int], PagedSequence, PagedSequence | None, torch.Tensor | None]] = []
         self.stats = BatchStats()
         self.t0 = time.perf_counter()
 
@@ -223,7 +240,7 @@ class BatchEngine:
     def blocks_promised(self) -> int:
         """Blocks the active sequences may still need at worst, plus the registered prefixes'."""
         return (sum(self._worst_blocks(s.request) for s in self.active)
-                + sum(len(t.blocks) for _, t, _ in self.prefixes))
+                + sum(len(t.blocks) for _, t, _, _ in self.prefixes))
 
     def can_admit(self, request: Request) -> bool:
         return (len(self.active) < self.max_batch
@@ -231,26 +248,29 @@ class BatchEngine:
 
     # -- prefill --------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def _prefill(self, model: GPT, table: PagedSequence, ids: list[int]) -> None:
-        if ids:
-            model.hidden_states(torch.tensor([ids], device=model.device), cache=PagedBatch([table]))
+    def _prefill(self, model: GPT, table: PagedSequence, ids: list[int]) -> torch.Tensor | None:
+        """Append ``ids`` to ``table``; returns the final hidden states there, (len(ids), C), or None for none."""
+        if not ids:
+            return None
+        return model.hidden_states(torch.tensor([ids], device=model.device), cache=PagedBatch([table]))[0]
 
     def add_prefix(self, ids) -> None:
         """Prefill ``ids`` once; later requests whose prompt starts with them (and is longer) share its blocks."""
         ids = [int(t) for t in ids]
         table = PagedSequence(self.pool)
-        self._prefill(self.target, table, ids)
+        hidden = self._prefill(self.target, table, ids)
         draft_table = None
         if self.draft is not None:
             draft_table = PagedSequence(self.draft_pool)
             self._prefill(self.draft, draft_table, ids)
-        self.prefixes.append((ids, table, draft_table))
+        self.prefixes.append((ids, table, draft_table, hidden if self.needs_hidden else None))
 
     def _shared_prefix(self, prompt: list[int]):
         best = None
-        for ids, table, draft_table in self.prefixes:
+        for entry in self.prefixes:
+            ids = entry[0]
             if len(ids) <= len(prompt) and prompt[:len(ids)] == ids and (best is None or len(ids) > len(best[0])):
-                best = (ids, table, draft_table)
+                best = entry
         return best
 
     def admit(self, request: Request) -> Sequence:
@@ -264,19 +284,23 @@ class BatchEngine:
             raise MemoryError(f"cannot admit request {request.name or ''}: the batch is full or its blocks are "
                               f"promised ({self.blocks_promised()} of {self.n_blocks}); check can_admit() first")
         shared = self._shared_prefix(ids[:-1])  # the last prompt token stays out of the cache
-        start = 0
+        start, hidden = 0, []
         if shared is not None:
             start = len(shared[0])
             table = shared[1].fork()
             draft_table = shared[2].fork() if shared[2] is not None else None
+            hidden.append(shared[3])
         else:
             table = PagedSequence(self.pool)
             draft_table = PagedSequence(self.draft_pool) if self.draft is not None else None
-        self._prefill(self.target, table, ids[start:-1])
+        hidden.append(self._prefill(self.target, table, ids[start:-1]))
         if draft_table is not None:
             self._prefill(self.draft, draft_table, ids[start:-1])
+        hidden = [h for h in hidden if h is not None]
+        new_hidden = torch.cat(hidden) if self.needs_hidden and hidden else None
         seq = Sequence(Request(ids, request.max_new_tokens, request.seed, request.eos_id, request.arrival,
-                               request.name), self.sampling, table, draft_table, self.rule_factory)
+                               request.name), self.sampling, table, draft_table, self.rule_factory, self.target,
+                       new_hidden)
         seq.t_admitted = self.clock()
         self.proposer.start(seq)
         self.active.append(seq)
@@ -291,7 +315,8 @@ class BatchEngine:
         if not seqs:
             return []
         proposals = self.proposer.propose(seqs, [s.max_new_tokens - s.n_new - 1 for s in seqs])
-        verified = verify_batch(self.target, [s.table for s in seqs], proposals, [s.rule for s in seqs])
+        verified = verify_batch(self.target, [s.table for s in seqs], proposals, [s.rule for s in seqs],
+                                return_hidden=self.needs_hidden)
         self.stats.target_passes += 1
         self.stats.batch_sizes.append(len(seqs))
         self.stats.draft_passes += max((p.draft_passes for p in proposals), default=0)
@@ -305,6 +330,7 @@ class BatchEngine:
                 s.stats.target_passes += 1
             self.proposer.observe(s, p, v)
             s.seq.extend(v.tokens)
+            s.new_hidden = v.hidden_kept
             if s.draft_table is not None:
                 s.draft_table.crop(min(s.draft_table.length, len(s.seq) - 1))
             s.stream.emit(v.tokens, len(v.path))
@@ -326,7 +352,7 @@ class BatchEngine:
         for s in self.active:
             s.free()
         self.active = []
-        for _, table, draft_table in self.prefixes:
+        for _, table, draft_table, _ in self.prefixes:
             table.free()
             if draft_table is not None:
                 draft_table.free()
