@@ -79,8 +79,22 @@ class EagleHead(nn.Module):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's output layer on predicted features: (..., V) logits, or (..., len(vocab_subset)) when a
         subset is set (entry i is token ``vocab_subset[i]``)."""
+        return F.linear(features, self.readout_weight())
+
+    def readout_weight(self) -> torch.Tensor:
+        """The output layer's rows the head reads out: all of them, or the subset's. The subset's rows are
+        copied out of the target's matrix once and kept (gathering 8192 of SmolLM2's 49152 rows on every draft
+        step would cost more than the product itself); the copy is made again only if the target's weights
+        change (a new tensor, another device or dtype, or an in-place update). The output layer is frozen, so
+        the copy carries no gradient."""
         w = self.target.lm_head.weight
-        return F.linear(features, w if self.vocab_subset is None else w[self.vocab_subset])
+        if self.vocab_subset is None:
+            return w
+        key = (w.data_ptr(), w._version, w.device, w.dtype, self.vocab_subset.data_ptr())
+        if self.__dict__.get("_rows_key") != key:
+            self.__dict__["_rows"] = w.detach()[self.vocab_subset].clone()
+            self.__dict__["_rows_key"] = key
+        return self.__dict__["_rows"]
 
     def token_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Token ids of read-out indices (the identity without a subset)."""

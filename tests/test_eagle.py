@@ -162,6 +162,20 @@ def test_a_frequency_subset_proposes_only_its_tokens():
     assert head.logits(torch.zeros(2, target.config.n_embd)).shape == (2, 20)
 
 
+def test_the_subset_read_out_is_the_full_read_out_at_the_subset_and_follows_the_target():
+    """The subset's rows are copied once and kept; the logits equal the full read-out's at the subset's ids,
+    also after the target's output layer changes in place (the kept copy is made again)."""
+    target = random_model(6)
+    subset = torch.tensor([5, 90, 3, 41])
+    head, full = EagleHead(target, vocab_subset=subset).eval(), EagleHead(target).eval()
+    f = torch.randn(3, target.config.n_embd)
+    assert torch.equal(head.logits(f), full.logits(f)[:, subset])
+    assert head.readout_weight() is head.readout_weight()            # kept, not gathered again
+    with torch.no_grad():
+        target.lm_head.weight[90].mul_(-2.0)                          # the target's weights change in place
+    assert torch.equal(head.logits(f), full.logits(f)[:, subset])
+
+
 def test_save_and_load_round_trip(tmp_path):
     target = random_model(6)
     head = EagleHead(target, vocab_subset=torch.tensor([1, 5, 7]))
