@@ -15,13 +15,13 @@ LAYERS = [
     ("decoding", ["decoding"]),
     ("data and training", ["data", "prompts", "training"]),
     ("the real-model track", ["real"]),
-    ("measurement", ["exactness", "verdict", "roofline", "hardware", "card", "peers", "bench"]),
+    ("measurement", ["exactness", "verdict", "roofline", "hardware", "card", "peers", "engines", "bench"]),
     ("course support", ["plots", "grade", "grading"]),
 ]
 # imported inside functions on purpose: optional extras (pip install -e ".[real]", ".[peers]", ".[test]"), so
 # that the package works without them
 OPTIONAL = {"transformers", "gguf", "nbformat", "nbclient", "jupyter_client", "ipykernel", "IPython.core",
-            "accelerate"}
+            "accelerate", "llama_cpp", "llama_cpp.llama_speculative"}
 
 
 def module_name(path: Path) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..engines import require_llama_cpp
 from ..real.hf import require_transformers
 from .batch import BATCH_METHODS, DEFAULT_BATCH_METHODS, report_batch, run_batch_bench
 from .methods import METHODS
@@ -34,6 +35,9 @@ def main(argv=None) -> int:
     ap.add_argument("--peers", action="store_true",
                     help="also run Hugging Face transformers' decoders on the same weights (hf_plain, hf_assisted, "
                          "hf_prompt_lookup); needs pip install -e '.[peers]'")
+    ap.add_argument("--engines", action="store_true",
+                    help="smollm2 only: also race llama.cpp on the same GGUF file (plain, its prompt lookup, the "
+                         "course's lookup and draft inside it); needs pip install -e '.[engines]'")
     ap.add_argument("--model", choices=["course", "smollm2"], default="course",
                     help="course: the shipped target and drafters (default); smollm2: the real model of Lesson 09 "
                          "(fetch it first: python -m minigpt.real.smollm fetch)")
@@ -56,6 +60,13 @@ def main(argv=None) -> int:
         if args.peers:
             try:
                 require_transformers()
+            except ImportError as e:
+                raise ValueError(str(e)) from None
+        if args.engines:
+            if args.model != "smollm2":
+                raise ValueError("--engines runs llama.cpp on SmolLM2's GGUF file: add --model smollm2")
+            try:
+                require_llama_cpp()
             except ImportError as e:
                 raise ValueError(str(e)) from None
     except ValueError as e:  # one line, no usage dump: the message says what to do

@@ -19,6 +19,7 @@ import torch
 
 from ..decoding import DecodeStats
 from ..device import get_device, time_rotating_over
+from ..engines import agreement
 from ..peers import PAIRS, PeerMethod, peer_methods, settings_from_bench
 from ..prompts import Prompt, code_prompts, edit_prompts
 from .methods import METHODS, Models
@@ -117,13 +118,14 @@ class Race:
         return t, [sum(row[i] for i in idx) / tr for row, tr in zip(self.seconds["plain"], t)]
 
 
-def check_exactness(seconds: dict, results: dict) -> Race:
+def check_exactness(seconds: dict, results: dict, reference: dict | None = None) -> Race:
     """The :class:`Race` of :func:`minigpt.device.time_rotating_over`'s results (``(ids, stats)`` per call): a
-    prompt's output is identical when it equals plain decoding's and did not change between repeats (greedy
-    decoding must not)."""
+    prompt's output is identical when it equals its reference's (plain decoding's; for a method in
+    ``reference``, the method named there) and did not change between repeats (greedy decoding must not)."""
+    reference = reference or {}
     outputs = {n: [ids for ids, _ in runs[0]] for n, runs in results.items()}
     stats = {n: [st for _, st in runs[0]] for n, runs in results.items()}
-    identical = {n: [all(run[i][0] == out for run in runs) and out == outputs["plain"][i]
+    identical = {n: [all(run[i][0] == out for run in runs) and out == outputs[reference.get(n, "plain")][i]
                      for i, out in enumerate(outputs[n])] for n, runs in results.items()}
     return Race(outputs, stats, identical, seconds)
 
@@ -186,6 +188,18 @@ def method_record(race: Race, name: str, prompts: list, setup: dict, description
     )
 
 
+def agreement_with_ours(record: dict, race: Race, prompts: list) -> None:
+    """Add to a llama.cpp method's record its reference (``llama_plain``: what ``identical_to_plain_greedy`` means
+    for it) and, per prompt, where its output first parts from our plain greedy output
+    (:func:`minigpt.engines.agreement`)."""
+    per = [dict(prompt=p.name if isinstance(p, Prompt) else i,
+                **agreement(race.outputs["plain"][i], race.outputs[record["method"]][i]))
+           for i, p in enumerate(prompts)]
+    compared = sum(a["compared"] for a in per)
+    record.update(reference="llama_plain", agreement_with_ours=per,
+                  agreeing_prefix_share=sum(a["agreeing_prefix"] for a in per) / compared if compared else None)
+
+
 def compare_with_ours(record: dict, race: Race, prompts: list) -> None:
     """Add to a transformers method's record (and its groups) our matching method (``ours``), whether their
     tokens are identical (``identical_to_ours``) and our tokens/s over theirs (``ours_over_theirs``, median over
@@ -207,7 +221,7 @@ def compare_with_ours(record: dict, race: Race, prompts: list) -> None:
 def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_new_tokens: int = 64,
               repeats: int = 5, gamma: int | None = None, device: str | torch.device | None = None,
               models: Models | None = None, prompts: list | None = None, peers: bool = False,
-              method_params: dict | None = None, log=None) -> list[dict]:
+              method_params: dict | None = None, engines: dict | None = None, log=None) -> list[dict]:
     """Run ``methods`` (greedy) on the prompt set; return one record per method (see :mod:`minigpt.bench`).
 
     ``gamma`` overrides the draft length of every method that has one; ``method_params`` overrides any
@@ -220,7 +234,11 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
     Each record's ``by_kind`` repeats the counts, times and speedups for the prompts of each kind alone (the
     ``kind`` of a :class:`~minigpt.prompts.Prompt`), from the same interleaved runs; when the prompts come
     from named sets (a Prompt's ``split``, e.g. "dev" and "held-out"), ``by_split`` does the same for each set,
-    with that set's own ``by_kind``."""
+    with that set's own ``by_kind``.
+
+    ``engines``: llama.cpp's methods (:func:`minigpt.engines.engine_methods`), raced in the same runs. They compute
+    with the quantised weights, so they are judged against ``llama_plain`` (``reference``), and their records add
+    ``agreement_with_ours``: where their output first parts from our plain greedy output, per prompt."""
     names = check_methods(methods)
     dev = check_device(device) if models is None else models.target.device
     if models is None:
@@ -232,18 +250,24 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
         raise ValueError("no prompts to run")
     params = resolve_params(names, gamma, method_params)
     peer_fns = peer_race(models, names, params) if peers else {}
-    names += list(peer_fns)
-    params.update({n: fn.params for n, fn in peer_fns.items()})
-    seconds, results = time_rotating_over(bench_calls(names, models, params, peer_fns, max_new_tokens), prompts,
+    engine_fns = dict(engines or {})
+    if engine_fns and "llama_plain" not in engine_fns:
+        raise ValueError("the engines' race needs llama_plain, their reference")
+    outside = {**peer_fns, **engine_fns}
+    names += list(outside)
+    params.update({n: fn.params for n, fn in outside.items()})
+    seconds, results = time_rotating_over(bench_calls(names, models, params, outside, max_new_tokens), prompts,
                                           dev, repeat=repeats, warmup=1, log=log)
-    race = check_exactness(seconds, results)
+    race = check_exactness(seconds, results, {n: "llama_plain" for n in engine_fns})
     setup = dict(device=str(dev), dtype=str(next(models.target.parameters()).dtype).replace("torch.", ""),
                  torch_threads=torch.get_num_threads(), max_new_tokens=max_new_tokens, repeats=repeats)
     records = []
     for n in names:
-        theirs = peer_fns.get(n)
+        theirs = outside.get(n)
         description = theirs.description if theirs else METHODS[n].description
         records.append(method_record(race, n, prompts, setup, description, params[n]))
-        if theirs:
+        if n in peer_fns:
             compare_with_ours(records[-1], race, prompts)
+        if n in engine_fns:
+            agreement_with_ours(records[-1], race, prompts)
     return records

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from ..checkpoint import CheckpointError
+from ..engines import LlamaCpp, engine_methods
 from ..real.hf import load_hf_smollm
 from ..real.loaders import (EARLY_EXIT_LAYERS, LOOKUP_SETTINGS, SMOLLM2_DRAFT_CHECKPOINT, SMOLLM2_EAGLE_CHECKPOINT,
                             SMOLLM2_MEDUSA_CHECKPOINT, load_smollm2_draft, load_smollm2_eagle, load_smollm2_medusa)
@@ -54,6 +55,12 @@ def main_smollm2(args, prog: str, names: list[str], dev) -> int:
         models = smollm2_models(dev, draft=True, medusa="medusa" in names, eagle="eagle" in names)
         if args.peers:
             models.hf_target = load_hf_smollm(dev)
+        engines = None
+        if getattr(args, "engines", False):
+            lookup = LOOKUP_SETTINGS.get("prompt_lookup", {})
+            engines = engine_methods(LlamaCpp(n_threads=args.threads or 1), models.draft, models.eos_id,
+                                     gamma=args.gamma or 4, **{k: lookup[k] for k in ("max_ngram", "num_pred")
+                                                               if k in lookup})
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -69,5 +76,6 @@ def main_smollm2(args, prog: str, names: list[str], dev) -> int:
     print(f"benchmarking {', '.join(names)} on SmolLM2-135M-Instruct, {dev}: {len(prompts)} chat prompts, {cfg}",
           file=sys.stderr)
     records = run_bench(names, gamma=args.gamma, models=models, prompts=prompts, peers=args.peers,
-                        method_params=LOOKUP_SETTINGS, log=lambda m: print(m, file=sys.stderr), **cfg)
+                        method_params=LOOKUP_SETTINGS, engines=engines, log=lambda m: print(m, file=sys.stderr),
+                        **cfg)
     return report(records, args.json)

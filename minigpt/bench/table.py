@@ -22,6 +22,12 @@ def format_table(records: list[dict]) -> str:
         if "ours_over_theirs" in r:
             lines.append(f"{r['method']}: ours ({r['ours']}) / theirs = {r['ours_over_theirs']:.2f}x tokens/s, "
                          f"identical tokens: {r['identical_to_ours']}")
+        if "agreement_with_ours" in r:
+            parts = [f"{a['prompt']}: " + ("same" if a["first_divergence"] is None else f"from token {a['first_divergence']}")
+                     for a in r["agreement_with_ours"]]
+            lines.append(f"{r['method']}: 'identical' means identical to {r['reference']}; its tokens agree with our "
+                         f"plain greedy output for {r['agreeing_prefix_share']:.0%} of the positions before they part "
+                         f"({'; '.join(parts)})")
     groups = [(kind, lambda r, k=kind: r["by_kind"][k]) for kind in r0["by_kind"]] if len(r0["by_kind"]) > 1 else []
     for sp, g in r0.get("by_split", {}).items():
         groups.append((sp, lambda r, s=sp: r["by_split"][s]))
