@@ -213,6 +213,20 @@ def evaluating(model: nn.Module):
         model.train(was_training)
 
 
+@contextmanager
+def frozen(model: nn.Module):
+    """Run a block with ``model`` in eval mode and its parameters out of autograd (a frozen target under trained
+    heads), then give both back as they were."""
+    trainable = [p.requires_grad for p in model.parameters()]
+    with evaluating(model):
+        model.requires_grad_(False)
+        try:
+            yield model
+        finally:
+            for p, flag in zip(model.parameters(), trainable):
+                p.requires_grad_(flag)
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()

@@ -187,10 +187,11 @@ def heatmap(matrix, labels: Sequence[str] | None = None, ax=None, title: str | N
         ax.set_yticks(range(m.shape[0]))
         ax.set_yticklabels(yl, fontsize=8)
     if annotate:
-        mid = (np.nanmax(m) + np.nanmin(m)) / 2
         for (r, c), v in np.ndenumerate(m):
-            ax.text(c, r, fmt.format(v), ha="center", va="center", fontsize=7,
-                    color="black" if v > mid else "white")
+            # dark text on light cells and light text on dark ones, whatever the colour map
+            red, green, blue, _ = im.cmap(im.norm(v))
+            light = 0.299 * red + 0.587 * green + 0.114 * blue > 0.5
+            ax.text(c, r, fmt.format(v), ha="center", va="center", fontsize=7, color="black" if light else "white")
     if colorbar:
         ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     if title:

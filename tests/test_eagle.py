@@ -195,3 +195,24 @@ def test_the_bench_races_eagle_exactly():
     records = bench.run_bench(["eagle"], models=models, prompts=prompts, max_new_tokens=10, repeats=1)
     assert [r["method"] for r in records] == ["plain", "eagle"] and all(r["identical_to_plain_greedy"] for r in records)
     assert records[1]["draft_passes"] > 0
+
+
+@pytest.mark.parametrize("trainer", ["eagle", "medusa"])
+def test_training_a_head_gives_the_target_back_as_it_came(trainer):
+    """The target is frozen while its head trains, and afterwards trainable and in train mode again if it was:
+    its weights unchanged either way."""
+    import numpy as np
+    from minigpt.heads import MedusaHeads
+    from minigpt.training.train_eagle import train_eagle
+    from minigpt.training.train_heads import train_heads
+    target = random_model(2).train()
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    if trainer == "eagle":
+        batches = lambda g: (torch.randint(0, 97, (2, 16), generator=g), None)  # noqa: E731
+        train_eagle(target, EagleHead(target), minutes=1, batches=batches, max_steps=2, progress=False)
+    else:
+        data = np.random.default_rng(0).integers(0, 97, 4000)
+        train_heads(target, MedusaHeads.for_target(target, 2), minutes=0.005, batch_size=2, block_size=16,
+                    data=data, progress=False)
+    assert target.training and all(p.requires_grad for p in target.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())

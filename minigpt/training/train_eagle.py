@@ -27,7 +27,7 @@ from ..data import get_batch, load_tokens
 from ..decoding.eagle import Eagle
 from ..decoding.session import decode
 from ..eagle import EAGLE_CHECKPOINT, EagleHead, load_eagle, save_eagle
-from ..model import GPT
+from ..model import GPT, frozen
 from ..prompts import code_prompts
 from ..tokenizer import EOT, load_tokenizer
 from .copydata import copy_batch, example_starts, load_copy_tokens
@@ -119,33 +119,33 @@ def train_eagle(target: GPT, head: EagleHead, minutes: float, batches=None, lr: 
     generator returning (x, mask or None) (default: :func:`course_batches`); ``save_to``: a path the head is
     saved to every 200 steps (a long run can be stopped and still kept)."""
     batches = batches or course_batches(vocab_size=target.config.vocab_size)
-    target.eval().requires_grad_(False)
-    head.train()
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
-    g = torch.Generator().manual_seed(11)
-    t0, step, tokens, history = time.time(), 0, 0, []
-    bar = tqdm(desc="eagle head", unit="step", disable=not progress)
-    while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps):
-        for group in opt.param_groups:  # a short warm-up, then a constant rate
-            group["lr"] = lr * min(1.0, (step + 1) / 50)
-        x, mask = batches(g)
-        x = x.to(target.device)
-        with torch.no_grad():
-            f = target.hidden_states(x)
-        loss, parts = eagle_loss(head, f, x, noise, mask=None if mask is None else mask.to(x.device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        step += 1
-        tokens += x.numel()
-        if step % 50 == 0:
-            history.append(dict(step=step, **{k: round(v, 4) for k, v in parts.items()}))
-        if save_to is not None and step % 200 == 0:
-            save_eagle(head, save_to, steps=step)
-        bar.set_postfix(reg=f"{parts['reg']:.3f}", cls=f"{parts['cls']:.3f}", top1=f"{parts['top1']:.2f}")
-        bar.update(1)
-    bar.close()
+    with frozen(target):  # the target is read, never trained; given back as it came
+        head.train()
+        opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
+        g = torch.Generator().manual_seed(11)
+        t0, step, tokens, history = time.time(), 0, 0, []
+        bar = tqdm(desc="eagle head", unit="step", disable=not progress)
+        while time.time() - t0 < minutes * 60 and (max_steps is None or step < max_steps):
+            for group in opt.param_groups:  # a short warm-up, then a constant rate
+                group["lr"] = lr * min(1.0, (step + 1) / 50)
+            x, mask = batches(g)
+            x = x.to(target.device)
+            with torch.no_grad():
+                f = target.hidden_states(x)
+            loss, parts = eagle_loss(head, f, x, noise, mask=None if mask is None else mask.to(x.device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            step += 1
+            tokens += x.numel()
+            if step % 50 == 0:
+                history.append(dict(step=step, **{k: round(v, 4) for k, v in parts.items()}))
+            if save_to is not None and step % 200 == 0:
+                save_eagle(head, save_to, steps=step)
+            bar.set_postfix(reg=f"{parts['reg']:.3f}", cls=f"{parts['cls']:.3f}", top1=f"{parts['top1']:.2f}")
+            bar.update(1)
+        bar.close()
     head.eval()
     return dict(steps=step, tokens_seen=tokens, train_seconds=round(time.time() - t0), lr=lr,
                 batch_shape=list(x.shape), input_noise=noise, history=history)

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ..checkpoint import PACKAGE_CHECKPOINTS, load_model, load_pretrained
 from ..data import get_batch, load_tokens
 from ..heads import MEDUSA_CHECKPOINT, MedusaHeads, load_heads, save_heads
-from ..model import GPT
+from ..model import GPT, frozen
 from .copydata import load_copy_tokens
 
 
@@ -71,32 +71,29 @@ def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-
     the training split of the corpus in the course tokenizer). ``progress=False``: no progress bar (lessons,
     whose saved outputs must not keep one)."""
     train = load_tokens("train") if data is None else data
-    was_trainable = [p.requires_grad for p in target.parameters()]
-    target.eval().requires_grad_(False)
-    heads.train()
-    opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
-    g = torch.Generator().manual_seed(7)
-    t0, step, tokens, history = time.time(), 0, 0, []
-    bar = tqdm(desc="medusa heads", unit="step", disable=not progress)
-    while time.time() - t0 < minutes * 60:
-        x, _ = get_batch(train, batch_size, block_size, g)
-        x = x.to(target.device)
-        with torch.no_grad():
-            h = target.hidden_states(x)  # the frozen target's final hidden states (no logits needed)
-        loss, per_head = medusa_loss(heads(h), x, decay)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step += 1
-        tokens += x.numel()
-        if step % eval_every == 0:
-            history.append(dict(step=step, per_head_loss=[round(v, 3) for v in per_head]))
-        bar.set_postfix(loss=f"{loss.item():.3f}", heads=" ".join(f"{v:.2f}" for v in per_head))
-        bar.update(1)
-    bar.close()
-    heads.eval()
-    for p, flag in zip(target.parameters(), was_trainable):  # leave the caller's target as it was
-        p.requires_grad_(flag)
+    with frozen(target):  # the target is read, never trained; given back as it came
+        heads.train()
+        opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
+        g = torch.Generator().manual_seed(7)
+        t0, step, tokens, history = time.time(), 0, 0, []
+        bar = tqdm(desc="medusa heads", unit="step", disable=not progress)
+        while time.time() - t0 < minutes * 60:
+            x, _ = get_batch(train, batch_size, block_size, g)
+            x = x.to(target.device)
+            with torch.no_grad():
+                h = target.hidden_states(x)  # the frozen target's final hidden states (no logits needed)
+            loss, per_head = medusa_loss(heads(h), x, decay)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            tokens += x.numel()
+            if step % eval_every == 0:
+                history.append(dict(step=step, per_head_loss=[round(v, 3) for v in per_head]))
+            bar.set_postfix(loss=f"{loss.item():.3f}", heads=" ".join(f"{v:.2f}" for v in per_head))
+            bar.update(1)
+        bar.close()
+        heads.eval()
     return dict(steps=step, tokens_seen=tokens, train_seconds=round(time.time() - t0), lr=lr, decay=decay,
                 batch_size=batch_size, block_size=block_size, history=history)
 
