@@ -69,6 +69,62 @@ def test_loss_scores_head_k_against_the_token_k_plus_2_places_ahead():
     assert len(per_head) == 1
 
 
+def test_distillation_scores_head_k_against_the_targets_distribution_at_t_plus_k_plus_1():
+    """Head k at position t learns the target's distribution of token t + k + 2, which the target computes at
+    position t + k + 1: heads that copy those rows have the lowest loss (the targets' own entropy), and heads
+    that copy the rows one position off do worse."""
+    from minigpt.training.train_heads import medusa_distill_loss
+    K, B, T, V = 3, 2, 9, 11
+    target_logits = torch.randn(B, T, V, generator=torch.Generator().manual_seed(4)) * 3
+
+    def copied(shift_of_head):
+        out = torch.zeros(K, B, T, V)
+        for k in range(K):
+            s = shift_of_head(k)
+            out[k, :, :T - s] = target_logits[:, s:]
+        return out
+
+    p = torch.softmax(target_logits, -1)
+    entropy = [float(-(p[:, k + 1:] * p[:, k + 1:].log()).sum(-1).mean()) for k in range(K)]
+    _, right = medusa_distill_loss(copied(lambda k: k + 1), target_logits)
+    _, wrong = medusa_distill_loss(copied(lambda k: k + 2), target_logits)
+    assert right == pytest.approx(entropy, abs=1e-5)
+    assert all(w > r + 0.1 for w, r in zip(wrong, right))
+    _, per_head = medusa_distill_loss(torch.zeros(K, B, 2, V), target_logits[:, :2])
+    assert len(per_head) == 1                       # with T = 2 only head 0 has a target position
+
+
+def test_head_accuracy_against_the_target_reads_its_argmax_one_position_later():
+    """reference="target": head k at t is right when it names the target's argmax at t + k + 1."""
+    from minigpt.training.train_heads import head_accuracy
+    model = random_model(1)
+
+    class Echo(torch.nn.Module):       # head k returns the target's own logits at the same position
+        num_heads = 2
+
+        def forward(self, h):
+            return model.lm_head(h)[None].expand(2, *model.lm_head(h).shape)
+
+    data = torch.randint(0, 97, (4000,), generator=torch.Generator().manual_seed(0)).numpy()
+    acc = head_accuracy(model, Echo(), data, block_size=32, batches=2, batch_size=4, reference="target")
+    text = head_accuracy(model, Echo(), data, block_size=32, batches=2, batch_size=4)
+    assert acc.shape == text.shape == (2, 10)
+    # the same windows by hand: the echo's top choice at t is the target's argmax at t; head k is right when
+    # that equals the target's argmax at t + k + 1
+    from minigpt.data import get_batch
+    g, same = torch.Generator().manual_seed(4321), [[], []]
+    for _ in range(2):
+        x, _ = get_batch(data, 4, 31, g)
+        with torch.no_grad():
+            a = model(x).argmax(-1)
+        for k in range(2):
+            same[k].append((a[:, :31 - k - 2] == a[:, k + 1:30]).float().flatten())
+    for k in range(2):
+        assert float(acc[k, 0]) == pytest.approx(float(torch.cat(same[k]).mean()))
+    with pytest.raises(ValueError, match="reference"):
+        head_accuracy(model, Echo(), data, reference="file")
+
+
 # ---- the sparse tree ------------------------------------------------------------------------------------------
 
 def _all_paths(K, R):

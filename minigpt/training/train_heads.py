@@ -1,9 +1,13 @@
 """Training Medusa heads (:mod:`minigpt.heads`) on a frozen target, and measuring how often they are right.
 
 The target stays frozen; head k is trained to predict the token k + 2 places after each hidden state's own
-token, and its loss is weighted by lambda^k (far heads are harder and noisier).
+token, and its loss is weighted by lambda^k (far heads are harder and noisier). Two targets for that prediction:
+the text's own token (Medusa-1's recipe, :func:`medusa_loss`), or the target's distribution there
+(self-distillation, Medusa-2's recipe and EAGLE's token loss, :func:`medusa_distill_loss`): under greedy
+verification a head is right when it names the *target's* choice, whatever the text says.
 
-    python -m minigpt.training.train_heads --minutes 15 --write   # train heads for the shipped target, measure, ship
+    python -m minigpt.training.train_heads --minutes 15 --write             # train heads, measure, ship
+    python -m minigpt.training.train_heads --minutes 40 --distill --copy-data --write   # on the target's distribution
 """
 from __future__ import annotations
 
@@ -41,11 +45,34 @@ def medusa_loss(head_logits: torch.Tensor, idx: torch.Tensor, decay: float = 0.8
     return total, per_head
 
 
+def medusa_distill_loss(head_logits: torch.Tensor, target_logits: torch.Tensor,
+                        decay: float = 0.8) -> tuple[torch.Tensor, list[float]]:
+    """Self-distillation: head k at position t against the target's own distribution of the token k + 2 places
+    ahead, which the target computes at position t + k + 1 (on the true text before it). head_logits:
+    (K, B, T, V); target_logits: (B, T, V). Cross-entropy with the target's probabilities, weighted by decay^k."""
+    K, B, T, V = head_logits.shape
+    total, per_head = 0.0, []
+    for k in range(K):
+        shift = k + 1
+        if T <= shift:
+            break
+        p = torch.softmax(target_logits[:, shift:].float(), -1)
+        logq = torch.log_softmax(head_logits[k, :, :T - shift].float(), -1)
+        loss = -(p * logq).sum(-1).mean()
+        total = total + decay ** k * loss
+        per_head.append(loss.item())
+    return total, per_head
+
+
 @torch.no_grad()
 def head_accuracy(target: GPT, heads: MedusaHeads, data, block_size: int = 256, batches: int = 8,
-                  batch_size: int = 8, max_rank: int = 10) -> torch.Tensor:
-    """rank_acc[k, r]: how often head k's rank-r prediction (0 = its top choice) is the true token, on held-out
-    windows of ``data``. top-1 accuracy is rank_acc[k, 0]; top-5 is rank_acc[k, :5].sum()."""
+                  batch_size: int = 8, max_rank: int = 10, reference: str = "text") -> torch.Tensor:
+    """rank_acc[k, r]: how often head k's rank-r prediction (0 = its top choice) is right, on held-out windows of
+    ``data``: the text's own token k + 2 places ahead (``reference="text"``), or the target's choice there, its
+    argmax at position t + k + 1 (``"target"``: what greedy verification accepts). top-1 accuracy is
+    rank_acc[k, 0]; top-5 is rank_acc[k, :5].sum()."""
+    if reference not in ("text", "target"):
+        raise ValueError(f"reference must be 'text' or 'target', got {reference!r}")
     g = torch.Generator().manual_seed(4321)
     K = heads.num_heads
     hits, count = torch.zeros(K, max_rank), torch.zeros(K)
@@ -54,11 +81,12 @@ def head_accuracy(target: GPT, heads: MedusaHeads, data, block_size: int = 256, 
         x = x.to(target.device)
         h = target.hidden_states(x)
         logits = heads(h)  # (K, B, T, V)
+        choice = target.lm_head(h).argmax(-1) if reference == "target" else None   # (B, T): the target's picks
         T = x.shape[1]
         for k in range(K):
             shift = k + 2
             top = logits[k, :, :T - shift].topk(max_rank, dim=-1).indices      # (B, T-shift, R)
-            truth = x[:, shift:, None]
+            truth = x[:, shift:, None] if choice is None else choice[:, shift - 1:T - 1, None]
             hits[k] += (top == truth).float().sum(dim=(0, 1)).cpu()
             count[k] += truth.numel()
     return hits / count[:, None]
@@ -66,9 +94,10 @@ def head_accuracy(target: GPT, heads: MedusaHeads, data, block_size: int = 256, 
 
 def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-3, batch_size: int = 16,
                 block_size: int = 256, decay: float = 0.8, eval_every: int = 50, data=None,
-                progress: bool = True) -> dict:
+                progress: bool = True, distill: bool = False) -> dict:
     """Train ``heads`` with the target frozen, for ``minutes`` of wall time, on ``data`` (token ids; default:
-    the training split of the corpus in the course tokenizer). ``progress=False``: no progress bar (lessons,
+    the training split of the corpus in the course tokenizer). ``distill``: against the target's distribution
+    (:func:`medusa_distill_loss`) instead of the text's tokens. ``progress=False``: no progress bar (lessons,
     whose saved outputs must not keep one)."""
     train = load_tokens("train") if data is None else data
     with frozen(target):  # the target is read, never trained; given back as it came
@@ -81,8 +110,13 @@ def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-
             x, _ = get_batch(train, batch_size, block_size, g)
             x = x.to(target.device)
             with torch.no_grad():
-                h = target.hidden_states(x)  # the frozen target's final hidden states (no logits needed)
-            loss, per_head = medusa_loss(heads(h), x, decay)
+                h = target.hidden_states(x)  # the frozen target's final hidden states
+            if distill:
+                with torch.no_grad():
+                    want = target.lm_head(h)
+                loss, per_head = medusa_distill_loss(heads(h), want, decay)
+            else:
+                loss, per_head = medusa_loss(heads(h), x, decay)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -95,7 +129,7 @@ def train_heads(target: GPT, heads: MedusaHeads, minutes: float, lr: float = 1e-
         bar.close()
         heads.eval()
     return dict(steps=step, tokens_seen=tokens, train_seconds=round(time.time() - t0), lr=lr, decay=decay,
-                batch_size=batch_size, block_size=block_size, history=history)
+                batch_size=batch_size, block_size=block_size, distilled=distill, history=history)
 
 
 def main(argv=None) -> None:
@@ -109,6 +143,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=PACKAGE_CHECKPOINTS,
                     help="folder --write saves medusa.pt and medusa_card.json into (default: the package's)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--distill", action="store_true",
+                    help="train against the target's distribution (self-distillation) instead of the text's tokens")
     ap.add_argument("--copy-data", action="store_true",
                     help="train on the corpus and the copy-heavy examples of minigpt.training.copydata, joined")
     args = ap.parse_args(argv)
@@ -119,8 +155,9 @@ def main(argv=None) -> None:
     data = None
     if args.copy_data:
         data = np.concatenate([load_tokens("train"), load_copy_tokens("train")])
-    info = train_heads(target, heads, args.minutes, data=data)
+    info = train_heads(target, heads, args.minutes, data=data, distill=args.distill)
     acc = head_accuracy(target, heads, load_tokens("val"))
+    agree = head_accuracy(target, heads, load_tokens("val"), reference="target")
     card = dict(
         target="minigpt/checkpoints/target.pt (frozen)",
         data="training split of the standard-library corpus"
@@ -128,11 +165,15 @@ def main(argv=None) -> None:
         n_heads=heads.num_heads, **{k: v for k, v in info.items() if k != "history"},
         hardware=f"{platform.machine()} CPU, {torch.get_num_threads()} threads, torch {torch.__version__}",
         held_out_top1=[round(float(a[0]), 4) for a in acc], held_out_top5=[round(float(a[:5].sum()), 4) for a in acc],
-        rank_accuracy=[[round(float(v), 4) for v in row] for row in acc], history=info["history"])
+        held_out_top1_vs_target=[round(float(a[0]), 4) for a in agree],
+        # the sparse tree is built from these: for distilled heads, their agreement with the target's choices
+        rank_accuracy_reference="target" if args.distill else "text",
+        rank_accuracy=[[round(float(v), 4) for v in row] for row in (agree if args.distill else acc)],
+        history=info["history"])
     print(json.dumps({k: v for k, v in card.items() if k not in ("rank_accuracy", "history")}, indent=1))
     if args.write:
         args.out.mkdir(parents=True, exist_ok=True)
-        save_heads(heads, args.out / MEDUSA_CHECKPOINT.name, rank_accuracy=acc)
+        save_heads(heads, args.out / MEDUSA_CHECKPOINT.name, rank_accuracy=agree if args.distill else acc)
         (args.out / "medusa_card.json").write_text(json.dumps(card, indent=1) + "\n")
 
 
