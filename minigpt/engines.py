@@ -58,17 +58,35 @@ class LlamaCpp:
     ``n_threads``: CPU threads (1 to compare with the course's one-thread timings). ``logits_all=True``: keep the
     logits of every evaluated position (what :func:`batch_consistency` reads; llama-cpp-python turns it on
     anyway when a draft model is set, and 0.3.36 crashed on contexts over 512 tokens with a draft model
-    without it)."""
+    without it).
 
-    def __init__(self, path=None, n_ctx: int = 2048, n_threads: int = 1, n_batch: int = 512, seed: int = 0):
+    ``extra_buffers``: llama.cpp's "extra buffer types" (weights repacked for the CPU's widest kernels, AMX
+    tiles on CPUs that have them). Off by default: on the course's machine (a CPU with AMX, in a sandbox) every
+    pass over more than one token crashed with them (a segmentation fault in ``llama_decode``), and a pass over
+    one token did not. Off, llama.cpp runs its ordinary quantised kernels; llama-cpp-python's constructor has no
+    argument for it, so the model's default parameters are changed while the model loads."""
+
+    def __init__(self, path=None, n_ctx: int = 2048, n_threads: int = 1, n_batch: int = 512, seed: int = 0,
+                 extra_buffers: bool = False):
         llama_cpp = require_llama_cpp()
+        import llama_cpp.llama as binding
         path = path or gguf_path()
         if path is None:
             raise FileNotFoundError("SmolLM2's GGUF is not here: python -m minigpt.real.smollm fetch")
         self.path = str(path)
-        self.llm = llama_cpp.Llama(model_path=self.path, n_ctx=n_ctx, n_threads=n_threads,
-                                   n_threads_batch=n_threads, n_batch=n_batch, logits_all=True, seed=seed,
-                                   verbose=False)
+        defaults = binding.llama_cpp.llama_model_default_params
+
+        def model_params():
+            params = defaults()
+            params.use_extra_bufts = extra_buffers
+            return params
+        binding.llama_cpp.llama_model_default_params = model_params
+        try:
+            self.llm = llama_cpp.Llama(model_path=self.path, n_ctx=n_ctx, n_threads=n_threads,
+                                       n_threads_batch=n_threads, n_batch=n_batch, logits_all=True, seed=seed,
+                                       verbose=False)
+        finally:
+            binding.llama_cpp.llama_model_default_params = defaults
         self.evals = 0
         inner = self.llm.eval
 

@@ -100,9 +100,10 @@ def edit_request():
 @needs_llama
 @needs_gguf
 def test_llama_cpp_loads_the_same_file_with_the_same_tokenizer(engine):
-    from minigpt.real.smollm import encode_chat, load_smollm_tokenizer
-    ids = encode_chat(load_smollm_tokenizer(), "Rename the variable x to total in: x = 1 + 2")
-    theirs = engine.llm.tokenize(engine.llm.detokenize(ids), add_bos=False, special=True)
+    from minigpt.real.smollm import chat_prompt, encode_chat, load_smollm_tokenizer
+    question = "Rename the variable x to total in:\n    x = 1 + 2\n    print(x * 10)"
+    ids = encode_chat(load_smollm_tokenizer(), question)
+    theirs = engine.llm.tokenize(chat_prompt(question).encode(), add_bos=False, special=True)
     assert theirs == ids and engine.vocab_size == 49152
 
 
