@@ -228,6 +228,14 @@ class PagedBatch:
             position_ids = lengths[:, None] + torch.arange(T, device=device)
         elif position_ids.shape != (B, T):
             raise ValueError(f"position_ids for a paged batch must have shape ({B}, {T}), got {tuple(position_ids.shape)}")
+        if B == 1 and attn_mask is None:  # one sequence, causal: no padding, the slots read are its own
+            s = self.seqs[0]
+            s.reserve(T)
+            self._write = s.slots(s.length, s.length + T)
+            self._read = s.slots(0, s.length + T)[None]
+            if T == 1:
+                return position_ids, None
+            return position_ids, torch.ones(T, s.length + T, dtype=torch.bool, device=device).tril(s.length)[None, None]
         if attn_mask is None:
             attn_mask = torch.ones(T, T, dtype=torch.bool, device=device).tril()
         if attn_mask.dim() == 2:
