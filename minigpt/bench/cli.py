@@ -104,11 +104,12 @@ def main_batch(args, ap, dev) -> int:
         ap.error("batch sizes must be positive")
     if args.model != "course":
         ap.error("--batch runs the course's models only")
-    chosen = [m for m in args.methods.split(",") if m in BATCH_METHODS]
-    if args.methods != ",".join(METHODS) and not chosen:
+    named = args.methods != ",".join(METHODS)  # --methods given: race those of them that have a batched version
+    chosen = [m for m in args.methods.split(",") if m in BATCH_METHODS] if named else list(DEFAULT_BATCH_METHODS)
+    if not chosen:
         ap.error(f"--batch races {', '.join(BATCH_METHODS)}; none of them is in --methods")
     quick = args.quick
-    records = run_batch_bench(sizes, chosen or DEFAULT_BATCH_METHODS,
+    records = run_batch_bench(sizes, chosen,
                               max_new_tokens=args.max_new_tokens or (32 if quick else 64),
                               repeats=args.repeats or (3 if quick else 5), gamma=args.gamma or 4, device=dev,
                               log=lambda m: print(m, file=sys.stderr))
