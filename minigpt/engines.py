@@ -220,9 +220,9 @@ def batch_consistency(score, prompt, continuation) -> dict:
                 argmax_differs=int((together.argmax(-1) != alone.argmax(-1)).sum()))
 
 
-@torch.no_grad()
 def minigpt_logits_of(model: GPT):
     """:meth:`LlamaCpp.logits_of` for a minigpt model: the prompt in one pass, then each chunk in one pass."""
+    @torch.no_grad()
     def score(prompt, chunks):
         cache = KVCache.for_model(model)
         model.hidden_states(torch.tensor([list(prompt)], device=model.device), cache=cache)

@@ -39,6 +39,7 @@ def test_agreement_reports_the_first_divergence():
 
 def test_minigpts_fp32_path_scores_k_tokens_like_k_single_steps(arch):
     model = random_model(3, **arch)
+    assert minigpt_logits_of(model)([1, 2], [[3, 4]]).shape == (2, 97)   # callable outside no_grad
     rep = batch_consistency(minigpt_logits_of(model), [1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11])
     assert rep["positions"] == 6 and rep["argmax_differs"] == 0 and rep["max_abs_diff"] < 1e-4
 
@@ -147,3 +148,39 @@ def test_llama_cpp_and_minigpt_agree_on_the_first_tokens_and_the_report_says_whe
     theirs, _ = engine.greedy(edit_request, 24)
     rep = agreement(ours, theirs)
     assert rep["compared"] == 24 and rep["agreeing_prefix"] >= 4   # the same model, other arithmetic
+
+
+def test_the_bench_judges_engine_methods_against_their_own_plain_output():
+    """run_bench(engines=...) with stand-in engine methods (no llama.cpp needed): an engine method is 'identical'
+    when it reproduces llama_plain, whatever our plain output is, and its record says where it parts from ours."""
+    from minigpt.bench import run_bench
+    from minigpt.bench.methods import Models
+    from minigpt.decoding import DecodeStats, generate
+    from minigpt.bench.table import format_table
+    target = random_model(1)
+
+    class Stand:
+        def __init__(self, name, shift):
+            self.name, self.shift, self.params, self.description = name, shift, {}, name
+            self.stats = DecodeStats()
+
+        def __call__(self, prompt, n):
+            out = generate(target, prompt, n)
+            out = out[:3] + [(t + self.shift) % 97 for t in out[3:]]   # parts from ours after 3 tokens
+            self.stats = DecodeStats(new_tokens=len(out), target_passes=len(out))
+            return out
+
+    engines = {"llama_plain": Stand("llama_plain", 1), "llama_same": Stand("llama_same", 1),
+               "llama_other": Stand("llama_other", 2)}
+    records = run_bench(["plain"], models=Models(target), prompts=[[1, 2, 3], [4, 5]], max_new_tokens=8,
+                        repeats=1, engines=engines)
+    by = {r["method"]: r for r in records}
+    assert by["plain"]["identical_to_plain_greedy"] and by["llama_same"]["identical_to_plain_greedy"]
+    assert not by["llama_other"]["identical_to_plain_greedy"]
+    assert by["llama_same"]["reference"] == "llama_plain"
+    assert [a["first_divergence"] for a in by["llama_same"]["agreement_with_ours"]] == [3, 3]
+    assert by["llama_plain"]["speedup_vs_reference"] == 1.0
+    assert "speed over llama_plain" in format_table(records)
+    with pytest.raises(ValueError, match="llama_plain"):
+        run_bench(["plain"], models=Models(target), prompts=[[1, 2]], max_new_tokens=4, repeats=1,
+                  engines={"llama_same": Stand("llama_same", 1)})

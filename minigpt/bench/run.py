@@ -196,8 +196,13 @@ def agreement_with_ours(record: dict, race: Race, prompts: list) -> None:
                 **agreement(race.outputs["plain"][i], race.outputs[record["method"]][i]))
            for i, p in enumerate(prompts)]
     compared = sum(a["compared"] for a in per)
+    # speedup_vs_plain is against our plain decoding, like every record's; against llama.cpp's own plain too:
+    idx = range(len(prompts))
+    own = [t_ref / t for t_ref, t in zip(race.timing("llama_plain", idx)[0], race.timing(record["method"], idx)[0])]
     record.update(reference="llama_plain", agreement_with_ours=per,
-                  agreeing_prefix_share=sum(a["agreeing_prefix"] for a in per) / compared if compared else None)
+                  agreeing_prefix_share=sum(a["agreeing_prefix"] for a in per) / compared if compared else None,
+                  speedup_vs_reference=statistics.median(own), speedup_vs_reference_min=min(own),
+                  speedup_vs_reference_max=max(own))
 
 
 def compare_with_ours(record: dict, race: Race, prompts: list) -> None:

@@ -25,7 +25,9 @@ def format_table(records: list[dict]) -> str:
         if "agreement_with_ours" in r:
             parts = [f"{a['prompt']}: " + ("same" if a["first_divergence"] is None else f"from token {a['first_divergence']}")
                      for a in r["agreement_with_ours"]]
-            lines.append(f"{r['method']}: 'identical' means identical to {r['reference']}; its tokens agree with our "
+            lines.append(f"{r['method']}: 'identical' means identical to {r['reference']}; speed over "
+                         f"{r['reference']} {r['speedup_vs_reference']:.2f}x ({r['speedup_vs_reference_min']:.2f}-"
+                         f"{r['speedup_vs_reference_max']:.2f}); its tokens agree with our "
                          f"plain greedy output for {r['agreeing_prefix_share']:.0%} of the positions before they part "
                          f"({'; '.join(parts)})")
     groups = [(kind, lambda r, k=kind: r["by_kind"][k]) for kind in r0["by_kind"]] if len(r0["by_kind"]) > 1 else []
