@@ -35,7 +35,7 @@ from ..paged import BlockPool, PagedBatch, PagedSequence
 from ..sampling import SamplingConfig, make_generator, sample
 from .candidates import Proposal
 from .plain import Plain
-from .session import Proposer, Stream, as_prompt, check_length, trim
+from .session import Progress, Proposer, Stream, as_prompt, check_length, trim
 from .stats import DecodeStats
 from .verify import Verified, rule_for, score_ragged, verify_batch
 
@@ -52,7 +52,7 @@ class Request:
     name: str = ""
 
 
-class Sequence:
+class Sequence(Progress):
     """A request in the batch: its tokens, generator, acceptance rule, statistics, stream and block tables.
 
     Per-sequence proposers read it as they read a :class:`~.session.Session` (``target``, ``seq``, ``sampling``,
@@ -80,19 +80,6 @@ class Sequence:
     @property
     def cache(self) -> PagedSequence:
         return self.table
-
-    @property
-    def hidden(self) -> torch.Tensor | None:
-        """The target's final hidden state at the last cached position, if kept (see Session.hidden)."""
-        return None if self.new_hidden is None else self.new_hidden[-1]
-
-    @property
-    def n_new(self) -> int:
-        return len(self.seq) - self.n_prompt
-
-    @property
-    def finished(self) -> bool:
-        return self.ended or self.n_new >= self.max_new_tokens
 
     @property
     def output(self) -> list[int]:

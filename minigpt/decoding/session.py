@@ -132,7 +132,32 @@ class Proposer:
         """Called after each round with its outcome (adaptive proposers change their length here)."""
 
 
-class Session:
+class Progress:
+    """Where a generation stands, for the loops and the proposers that read it: ``seq`` (prompt and tokens so far),
+    ``n_prompt``, ``max_new_tokens``, ``ended`` (``eos_id`` was produced) and ``new_hidden`` (the target's final
+    hidden states at the positions its last pass kept, when a proposer needs them). A :class:`Session` is one;
+    so is each sequence of a batch (:class:`~.batch.Sequence`)."""
+    seq: list[int]
+    n_prompt: int
+    max_new_tokens: int
+    ended: bool = False
+    new_hidden: torch.Tensor | None = None
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """The target's final hidden state at the last cached position (the one before the root), if kept."""
+        return None if self.new_hidden is None else self.new_hidden[-1]
+
+    @property
+    def n_new(self) -> int:
+        return len(self.seq) - self.n_prompt
+
+    @property
+    def finished(self) -> bool:
+        return self.ended or self.n_new >= self.max_new_tokens
+
+
+class Session(Progress):
     """One generation with ``target``: checks, caches, prefill, generator, stopping, statistics, timing.
 
     ``run(proposer)`` decodes to the end and returns (new ids, stats). ``rule``: a function of (sampling,
@@ -169,19 +194,6 @@ class Session:
         self.stats.prefills += 1
         self.stream = Stream(self.stats, max_new_tokens, eos_id, on_tokens)
         self.ended = False  # set once eos_id was produced
-
-    @property
-    def hidden(self) -> torch.Tensor | None:
-        """The target's final hidden state at the last cached position (the one before the root), if kept."""
-        return None if self.new_hidden is None else self.new_hidden[-1]
-
-    @property
-    def n_new(self) -> int:
-        return len(self.seq) - self.n_prompt
-
-    @property
-    def finished(self) -> bool:
-        return self.ended or self.n_new >= self.max_new_tokens
 
     def step(self, proposer: Proposer) -> Verified:
         """One round: propose, verify (one target pass), book, extend the sequence, roll the draft back."""
