@@ -330,11 +330,7 @@ class GPT(nn.Module):
             raise ValueError(f"position_ids must have shape ({T},), got {tuple(position_ids.shape)}")
         else:
             first, last = int(position_ids.min()), int(position_ids.max())
-        if first < 0:
-            raise ValueError(f"position_ids must be >= 0, got {first}")
-        if last >= self.config.block_size:
-            raise ValueError(f"sequence too long: positions up to {last} but the model's context "
-                             f"is {self.config.block_size} tokens")
+        self._check_positions(first, last)
 
         mask = None
         if attn_mask is not None:
@@ -348,17 +344,28 @@ class GPT(nn.Module):
             # every new token sees every cached position: (T, past + T)
             mask = torch.cat([torch.ones(T, past, dtype=torch.bool, device=idx.device), mask], dim=1)
 
+        return self._blocks(*self._embed(idx, position_ids, past), mask, cache)
+
+    def _check_positions(self, first: int, last: int) -> None:
+        if first < 0:
+            raise ValueError(f"position_ids must be >= 0, got {first}")
+        if last >= self.config.block_size:
+            raise ValueError(f"sequence too long: positions up to {last} but the model's context "
+                             f"is {self.config.block_size} tokens")
+
+    def _embed(self, idx: torch.Tensor, position_ids: torch.Tensor | None, past: int = 0):
+        """The token embeddings (B, T, C), with learned positions added, and the rotary angles for the blocks
+        (None with learned positions). position_ids: (T,) or (B, T); None: ``past, past + 1, ...``."""
+        T = idx.shape[1]
         x = self.transformer.wte(idx)  # (B, T, C)
-        rope = None
         if "wpe" in self.transformer:  # learned positions: consecutive ones are a slice of the table
             wpe = self.transformer.wpe
-            x = x + (wpe.weight[past:past + T] if position_ids is None else wpe(position_ids))
-        else:                           # rotary positions: the angles, once for all layers
-            rope = self.rotary(torch.arange(past, past + T, device=idx.device) if position_ids is None
-                               else position_ids)
-        return self._blocks(x, mask, cache, rope)
+            return x + (wpe.weight[past:past + T] if position_ids is None else wpe(position_ids)), None
+        # rotary positions: the angles, once for all layers
+        return x, self.rotary(torch.arange(past, past + T, device=idx.device) if position_ids is None
+                              else position_ids)
 
-    def _blocks(self, x: torch.Tensor, mask, cache, rope) -> torch.Tensor:
+    def _blocks(self, x: torch.Tensor, rope, mask, cache) -> torch.Tensor:
         """The layers after the embeddings, then the final norm; the cache learns that ``T`` positions were added."""
         x = F.dropout(x, self.config.dropout, self.training)  # a no-op when not training
         for i, block in enumerate(self.transformer.h):
@@ -370,18 +377,9 @@ class GPT(nn.Module):
     def _paged_hidden_states(self, idx: torch.Tensor, cache: PagedBatch, position_ids, attn_mask) -> torch.Tensor:
         """:meth:`hidden_states` for B sequences of different lengths on a paged cache: each new token has its
         own sequence's position and sees its own sequence's keys only (the mask :meth:`PagedBatch.begin` builds)."""
-        position_ids, mask = cache.begin(idx.shape[1], position_ids, attn_mask)
-        first, last = int(position_ids.min()), int(position_ids.max())
-        if first < 0 or last >= self.config.block_size:
-            raise ValueError(f"positions must lie in [0, {self.config.block_size}) (the model's context), "
-                             f"got {first}..{last}")
-        x = self.transformer.wte(idx)
-        rope = None
-        if "wpe" in self.transformer:
-            x = x + self.transformer.wpe(position_ids)  # (B, T, C)
-        else:
-            rope = self.rotary(position_ids)
-        return self._blocks(x, mask, cache, rope)
+        position_ids, mask = cache.begin(idx.shape[1], position_ids, attn_mask)   # (B, T) and (B, 1, T, S)
+        self._check_positions(int(position_ids.min()), int(position_ids.max()))
+        return self._blocks(*self._embed(idx, position_ids), mask, cache)
 
 
 def early_exit_draft(model: GPT, n_layers: int) -> GPT:

@@ -220,42 +220,40 @@ class PagedBatch:
         sequence's ``length .. length + T - 1``; attn_mask: (T, T) or (B, T, T) bool among the new tokens,
         default causal. Returns (position_ids (B, T), mask (B, 1, T, S)) where S = longest length + T: what
         each new token may attend to among the keys :meth:`update` returns (its own sequence's cached
-        positions and new tokens; the padding of shorter sequences never). The mask is None when it would
-        be all True (one new token per sequence, all of the same length)."""
+        positions and new tokens; the padding of shorter sequences never). When the sequences have one length
+        and the new tokens are causal, the mask is (1, 1, T, S), the same for all, and None for one new token
+        each (it would be all True)."""
         B, device = self.batch_size, self.pool.k.device
         lengths = torch.tensor(self.lengths, device=device)
         if position_ids is None:
             position_ids = lengths[:, None] + torch.arange(T, device=device)
         elif position_ids.shape != (B, T):
             raise ValueError(f"position_ids for a paged batch must have shape ({B}, {T}), got {tuple(position_ids.shape)}")
-        if B == 1 and attn_mask is None:  # one sequence, causal: no padding, the slots read are its own
-            s = self.seqs[0]
-            s.reserve(T)
-            self._write = s.slots(s.length, s.length + T)
-            self._read = s.slots(0, s.length + T)[None]
-            if T == 1:
-                return position_ids, None
-            return position_ids, torch.ones(T, s.length + T, dtype=torch.bool, device=device).tril(s.length)[None, None]
-        if attn_mask is None:
-            attn_mask = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-        if attn_mask.dim() == 2:
-            attn_mask = attn_mask.expand(B, T, T)
-        if attn_mask.shape != (B, T, T) or attn_mask.dtype != torch.bool:
-            raise ValueError(f"attn_mask for a paged batch must be a bool ({T}, {T}) or ({B}, {T}, {T}) tensor, "
-                             f"got {attn_mask.dtype} {tuple(attn_mask.shape)}")
+        if attn_mask is not None:
+            if attn_mask.dim() == 2:
+                attn_mask = attn_mask.expand(B, T, T)
+            if attn_mask.shape != (B, T, T) or attn_mask.dtype != torch.bool:
+                raise ValueError(f"attn_mask for a paged batch must be a bool ({T}, {T}) or ({B}, {T}, {T}) tensor, "
+                                 f"got {attn_mask.dtype} {tuple(attn_mask.shape)}")
         for s in self.seqs:
             s.reserve(T)
         S = int(lengths.max()) + T
-        # where each sequence's new tokens are written, and which slots each sequence reads, padded to S with
-        # its own first slot (masked out below)
+        # where each sequence's new tokens are written
         self._write = torch.cat([s.slots(s.length, s.length + T) for s in self.seqs])
+        if int(lengths.min()) + T == S and (attn_mask is None or T == 1):
+            # sequences of one length, causal among their new tokens (or one new token each): no padding to hide,
+            # each reads exactly its own slots, and one mask serves all (none for a single new token)
+            self._read = torch.stack([s.slots(0, S) for s in self.seqs])
+            mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)[None, None]
+            return position_ids, mask
+        if attn_mask is None:
+            attn_mask = torch.ones(T, T, dtype=torch.bool, device=device).tril().expand(B, T, T)
+        # which slots each sequence reads, padded to S with its own first slot (masked out below)
         reads = []
         for s in self.seqs:
             r = s.slots(0, s.length + T)
             reads.append(torch.cat([r, r[:1].expand(S - r.numel())]))
         self._read = torch.stack(reads)                                   # (B, S)
-        if T == 1 and S == int(lengths.min()) + 1:
-            return position_ids, None  # one new token each, no padding: every key is visible, no mask needed
         key = torch.arange(S, device=device)
         cached = key[None, :] < lengths[:, None]                          # (B, S): an earlier position
         rel = key[None, :] - lengths[:, None]                             # (B, S): which new token, if any

@@ -232,17 +232,21 @@ def score_ragged(model: GPT, tables: list[PagedSequence], token_lists: list[list
         raise ValueError("every sequence of a ragged batch needs at least one token")
     T = max(lens)
     idx = torch.tensor([t + [t[-1]] * (T - len(t)) for t in token_lists], device=device)
-    pos = attn = None  # the usual case, chains of one length: consecutive positions, causal (PagedBatch's defaults)
-    if min(lens) < T or any(x is not None for x in (masks or [])) or any(x is not None for x in (positions or [])):
+    # built only when PagedBatch's defaults (consecutive positions, causal) would not do
+    pos = attn = None
+    if min(lens) < T or any(x is not None for x in (positions or [])):
         pos = torch.empty(B, T, dtype=torch.long)
-        attn = torch.ones(T, T, dtype=torch.bool).tril().repeat(B, 1, 1)
         for b, (table, n) in enumerate(zip(tables, lens)):
             own = (torch.arange(n) + len(table)) if positions is None or positions[b] is None else positions[b].cpu()
             pos[b, :n] = own
             pos[b, n:] = own[-1]
-            if masks is not None and masks[b] is not None:
-                attn[b, :n, :n] = masks[b].cpu()
-        pos, attn = pos.to(device), attn.to(device)
+        pos = pos.to(device)
+    if any(x is not None for x in (masks or [])):
+        attn = torch.ones(T, T, dtype=torch.bool).tril().repeat(B, 1, 1)
+        for b, (mask, n) in enumerate(zip(masks, lens)):
+            if mask is not None:
+                attn[b, :n, :n] = mask.cpu()
+        attn = attn.to(device)
     starts = [len(t) for t in tables]
     out = model(idx, cache=PagedBatch(tables), position_ids=pos, attn_mask=attn, return_hidden=return_hidden)
     for table, start, n in zip(tables, starts, lens):
