@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-
 from ..decoding import Lookup, generate
 from ..decoding.batch import BatchedChain, PerSequence, decode_batch
 from ..decoding.eagle import Eagle

@@ -35,7 +35,7 @@ from ..paged import BlockPool, PagedBatch, PagedSequence
 from ..sampling import SamplingConfig, make_generator, sample
 from .candidates import Proposal
 from .plain import Plain
-from .session import Progress, Proposer, Stream, as_prompt, check_length, trim
+from .session import Progress, Proposer, Stream, as_prompt, check_length
 from .stats import DecodeStats
 from .verify import Verified, rule_for, score_ragged, verify_batch
 
@@ -80,10 +80,6 @@ class Sequence(Progress):
     @property
     def cache(self) -> PagedSequence:
         return self.table
-
-    @property
-    def output(self) -> list[int]:
-        return trim(self.seq[self.n_prompt:], self.max_new_tokens, self.eos_id)
 
     def free(self) -> None:
         for t in (self.table, self.draft_table):
@@ -310,18 +306,8 @@ class BatchEngine:
         now = self.clock()
         done = []
         for s, p, v in zip(seqs, proposals, verified):
-            s.stats.draft_passes += p.draft_passes
-            if self.proposer.speculative:
-                s.stats.add_tree_round(p.parents, v.path)
-            else:
-                s.stats.target_passes += 1
             self.proposer.observe(s, p, v)
-            s.seq.extend(v.tokens)
-            s.new_hidden = v.hidden_kept
-            if s.draft_table is not None:
-                s.draft_table.crop(min(s.draft_table.length, len(s.seq) - 1))
-            s.stream.emit(v.tokens, len(v.path))
-            s.ended = s.eos_id is not None and s.eos_id in v.tokens
+            s.record(p, v, self.proposer.speculative, s.draft_table)
             if s.t_first is None:
                 s.t_first = now
             if s.finished:

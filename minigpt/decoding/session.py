@@ -140,8 +140,27 @@ class Progress:
     seq: list[int]
     n_prompt: int
     max_new_tokens: int
+    eos_id: int | None
+    stats: DecodeStats
+    stream: "Stream"
     ended: bool = False
     new_hidden: torch.Tensor | None = None
+
+    def record(self, proposal: Proposal, verified: Verified, speculative: bool, draft_cache=None) -> None:
+        """Book a decided round: the statistics (a draft-then-verify round, or a plain step), the tokens, the
+        target's hidden states kept, the draft's cache (if any) rolled back to what it saw of the sequence
+        without its last token, the stream, and whether ``eos_id`` came."""
+        self.stats.draft_passes += proposal.draft_passes
+        if speculative:
+            self.stats.add_tree_round(proposal.parents, verified.path)
+        else:
+            self.stats.target_passes += 1
+        self.seq.extend(verified.tokens)
+        self.new_hidden = verified.hidden_kept
+        if draft_cache is not None:
+            draft_cache.crop(min(draft_cache.length, len(self.seq) - 1))
+        self.stream.emit(verified.tokens, len(verified.path))
+        self.ended = self.eos_id is not None and self.eos_id in verified.tokens
 
     @property
     def hidden(self) -> torch.Tensor | None:
@@ -155,6 +174,11 @@ class Progress:
     @property
     def finished(self) -> bool:
         return self.ended or self.n_new >= self.max_new_tokens
+
+    @property
+    def output(self) -> list[int]:
+        """The new tokens, cut where the stopping rules say (:func:`trim`)."""
+        return trim(self.seq[self.n_prompt:], self.max_new_tokens, self.eos_id)
 
 
 class Session(Progress):
@@ -199,18 +223,8 @@ class Session(Progress):
         """One round: propose, verify (one target pass), book, extend the sequence, roll the draft back."""
         proposal = proposer.propose(self, self.max_new_tokens - self.n_new - 1)
         verified = verify(self.target, self.cache, proposal, self.rule, return_hidden=self.needs_hidden)
-        self.stats.draft_passes += proposal.draft_passes
-        if proposer.speculative:
-            self.stats.add_tree_round(proposal.parents, verified.path)
-        else:
-            self.stats.target_passes += 1
         proposer.observe(proposal, verified)
-        self.seq.extend(verified.tokens)
-        self.new_hidden = verified.hidden_kept
-        if self.draft_cache is not None:  # keep only what the draft saw of the sequence, without its last token
-            self.draft_cache.crop(min(self.draft_cache.length, len(self.seq) - 1))
-        self.stream.emit(verified.tokens, len(verified.path))
-        self.ended = self.eos_id is not None and self.eos_id in verified.tokens
+        self.record(proposal, verified, proposer.speculative, self.draft_cache)
         return verified
 
     def run(self, proposer: Proposer) -> tuple[list[int], DecodeStats]:
@@ -218,7 +232,7 @@ class Session(Progress):
         with torch.no_grad():
             while not self.finished:
                 self.step(proposer)
-        out = trim(self.seq[self.n_prompt:], self.max_new_tokens, self.eos_id)
+        out = self.output
         self.stats.new_tokens += len(out)
         self.stats.wall_time += time.perf_counter() - self.t0
         return out, self.stats
