@@ -1,6 +1,7 @@
 """The batch-size benchmark, ``python -m minigpt.bench --batch 1,2,4,8,16``: plain, chain and prompt-lookup
-decoding (and EAGLE, with ``--methods plain,eagle``) of B requests at once on the paged cache (:mod:`minigpt.decoding.batch`), and how the speed-up of
-speculation over plain decoding changes with B.
+decoding (and EAGLE, with ``--methods plain,eagle``) of B requests at once on the paged cache
+(:mod:`minigpt.decoding.batch`), with the settings the single-sequence benchmark registers for each method, and
+how the speed-up of speculation over plain decoding changes with B.
 
 Each batch size gets its own interleaved race (:func:`~minigpt.device.time_rotating_over`): every repeat
 decodes the same B prompts with every method, the order rotating. The unit is the whole batch: tokens per
@@ -19,23 +20,25 @@ from ..device import time_rotating_over
 from ..prompts import code_prompts, edit_prompts
 from ..verdict import noise_band, verdict_from_range
 from .methods import Models
+from .run import resolve_params
 
 BATCH_METHODS = ("plain", "chain", "prompt_lookup", "eagle")
 DEFAULT_BATCH_METHODS = ("plain", "chain", "prompt_lookup")
 
 
-def batch_proposer(name: str, models: Models, gamma: int = 4, num_pred: int = 8, max_ngram: int = 3):
-    """The batched proposer for a benchmark method name (the bench's default settings)."""
+def batch_proposer(name: str, models: Models, params: dict):
+    """The batched proposer for a benchmark method name, with its parameters (:func:`.run.resolve_params`: the
+    registered ones, ``gamma`` overridden)."""
     if name == "plain":
         return PerSequence(Plain)
     if name == "chain":
-        return BatchedChain(models.draft, gamma)
+        return BatchedChain(models.draft, params["gamma"])
     if name == "prompt_lookup":
-        return PerSequence(lambda: Lookup(max_ngram, num_pred))
-    if name == "eagle":  # the bench's EAGLE-2 setting; the head drafts sequence by sequence, verification is batched
+        return PerSequence(lambda: Lookup(params["max_ngram"], params["num_pred"]))
+    if name == "eagle":  # the head drafts sequence by sequence; verification is batched
         if models.eagle_head is None:
             raise ValueError("the eagle method needs models.eagle_head")
-        return PerSequence(lambda: Eagle(models.eagle_head, depth=6, top_k=4, total_tokens=16))
+        return PerSequence(lambda: Eagle(models.eagle_head, params["depth"], params["top_k"], params["total_tokens"]))
     raise ValueError(f"no batched version of {name!r}; batched methods: {', '.join(BATCH_METHODS)}")
 
 
@@ -55,13 +58,13 @@ def batch_prompts(n: int, edit_share: float = 0.25) -> list:
 
 
 def run_batch_bench(batch_sizes=(1, 2, 4, 8, 16), methods=DEFAULT_BATCH_METHODS, max_new_tokens: int = 64,
-                    repeats: int = 5, gamma: int = 4, models: Models | None = None, prompts=None,
+                    repeats: int = 5, gamma: int | None = None, models: Models | None = None, prompts=None,
                     device=None, log=None) -> list[dict]:
     """One record per (B, method): tokens/s of the whole batch (median, min, max over repeats), the speed-up
     over plain in the same race (median and range of the per-repeat ratios) and its verdict, tokens per
     target pass (all sequences' tokens over the batch's passes, and per sequence), and whether every output
-    equals its solo plain output. ``prompts``: the requests (default :func:`batch_prompts` of the largest B);
-    batch B takes the first B."""
+    equals its solo plain output. ``gamma``: the draft length (default: the chain's registered one);
+    ``prompts``: the requests (default :func:`batch_prompts` of the largest B); batch B takes the first B."""
     if "plain" not in methods:
         methods = ("plain",) + tuple(methods)
     for name in methods:
@@ -73,13 +76,14 @@ def run_batch_bench(batch_sizes=(1, 2, 4, 8, 16), methods=DEFAULT_BATCH_METHODS,
     prompts = prompts if prompts is not None else batch_prompts(max(batch_sizes))
     if len(prompts) < max(batch_sizes):
         raise ValueError(f"{len(prompts)} prompts for a batch of {max(batch_sizes)}")
+    params = resolve_params(list(methods), gamma)
     solo = [generate(models.target, p, max_new_tokens) for p in prompts[:max(batch_sizes)]]
     records = []
     for B in batch_sizes:
         if log:
             log(f"batch {B}")
         batch = [list(p) for p in prompts[:B]]
-        fns = {name: (lambda ps, prop=batch_proposer(name, models, gamma): decode_batch(models.target, ps,
+        fns = {name: (lambda ps, prop=batch_proposer(name, models, params[name]): decode_batch(models.target, ps,
                                                                                        max_new_tokens, prop))
                for name in methods}
         seconds, results = time_rotating_over(fns, [batch], models.target.device, repeat=repeats, warmup=1)

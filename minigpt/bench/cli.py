@@ -111,7 +111,7 @@ def main_batch(args, ap, dev) -> int:
     quick = args.quick
     records = run_batch_bench(sizes, chosen,
                               max_new_tokens=args.max_new_tokens or (32 if quick else 64),
-                              repeats=args.repeats or (3 if quick else 5), gamma=args.gamma or 4, device=dev,
+                              repeats=args.repeats or (3 if quick else 5), gamma=args.gamma, device=dev,
                               log=lambda m: print(m, file=sys.stderr))
     print(report_batch(records))
     if args.json:

@@ -56,7 +56,7 @@ def main_smollm2(args, prog: str, names: list[str], dev) -> int:
         if args.peers:
             models.hf_target = load_hf_smollm(dev)
         engines = None
-        if getattr(args, "engines", False):
+        if args.engines:
             lookup = LOOKUP_SETTINGS.get("prompt_lookup", {})
             engines = engine_methods(LlamaCpp(n_threads=args.threads or 1), models.draft, models.eos_id,
                                      gamma=args.gamma or 4, **{k: lookup[k] for k in ("max_ngram", "num_pred")
