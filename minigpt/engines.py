@@ -27,11 +27,14 @@ import torch
 
 from .cache import KVCache
 from .decoding import DecodeStats
+from .decoding.chain import draft_tokens
 from .decoding.lookup import find_candidates
 from .model import GPT
 from .real.smollm import gguf_path
+from .sampling import SamplingConfig
 
 ENGINES_VERSION = "0.3.36"   # the llama-cpp-python version this module was tested with
+GREEDY = SamplingConfig()     # temperature 0: the drafts llama.cpp verifies are greedy
 INSTALL_HINT = f'pip install -e ".[engines]"  (llama-cpp-python=={ENGINES_VERSION}; builds llama.cpp, minutes)'
 
 
@@ -164,25 +167,15 @@ class CourseModelDraft:
     @torch.no_grad()
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
         ids = [int(t) for t in np.asarray(input_ids)]
-        common = 0
-        for a, b in zip(self.seen, ids[:-1]):
-            if a != b:
-                break
-            common += 1
+        common = agreement(self.seen, ids[:-1])["agreeing_prefix"]   # what the cache still holds of ids
         room = self.draft.config.block_size - len(ids)
         g = min(self.gamma, room)
         if g < 1:
             return np.array([], dtype=np.intc)
         self.cache.crop(common)
-        self.seen = self.seen[:common]
-        feed = ids[common:]
-        out = []
-        for _ in range(g):
-            logits = self.draft(torch.tensor([feed], device=self.draft.device), cache=self.cache)[0, -1]
-            self.passes += 1
-            self.seen += feed
-            feed = [int(logits.argmax())]
-            out.append(feed[0])
+        out, _ = draft_tokens(self.draft, self.cache, ids[common:], g, GREEDY)   # the chain's own drafting loop
+        self.passes += len(out)
+        self.seen = ids + out[:-1]   # what the cache holds now: everything fed, the last drafted token not yet
         return np.array(out, dtype=np.intc)
 
 
