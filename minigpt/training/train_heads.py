@@ -29,20 +29,31 @@ from ..model import GPT, frozen
 from .copydata import load_copy_tokens
 
 
+def weighted_head_losses(head_logits: torch.Tensor, first_shift: int, loss_at,
+                         decay: float = 0.8) -> tuple[torch.Tensor, list[float]]:
+    """The heads' loss, weighted decay^k: head k at positions t = 0 .. T - shift - 1 with shift = first_shift + k,
+    scored by ``loss_at(logits (B, T - shift, V), shift)``; a head with no such position (T <= shift) and every
+    later one are skipped. Returns (the weighted sum, each head's loss)."""
+    K, B, T, V = head_logits.shape
+    total, per_head = 0.0, []
+    for k in range(K):
+        shift = first_shift + k
+        if T <= shift:
+            break
+        loss = loss_at(head_logits[k, :, :T - shift], shift)
+        total = total + decay ** k * loss
+        per_head.append(loss.item())
+    return total, per_head
+
+
 def medusa_loss(head_logits: torch.Tensor, idx: torch.Tensor, decay: float = 0.8) -> tuple[torch.Tensor, list[float]]:
     """Weighted cross-entropy of every head. head_logits: (K, B, T, V) from hidden states of ``idx`` (B, T).
 
     Head k at position t is scored against idx[t + k + 2]; positions without such a token are skipped."""
-    K, B, T, V = head_logits.shape
-    total, per_head = 0.0, []
-    for k in range(K):
-        shift = k + 2
-        if T <= shift:
-            break
-        loss = F.cross_entropy(head_logits[k, :, :T - shift].reshape(-1, V), idx[:, shift:].reshape(-1))
-        total = total + decay ** k * loss
-        per_head.append(loss.item())
-    return total, per_head
+    V = head_logits.shape[-1]
+    return weighted_head_losses(
+        head_logits, 2, lambda logits, shift: F.cross_entropy(logits.reshape(-1, V), idx[:, shift:].reshape(-1)),
+        decay)
 
 
 def medusa_distill_loss(head_logits: torch.Tensor, target_logits: torch.Tensor,
@@ -50,18 +61,10 @@ def medusa_distill_loss(head_logits: torch.Tensor, target_logits: torch.Tensor,
     """Self-distillation: head k at position t against the target's own distribution of the token k + 2 places
     ahead, which the target computes at position t + k + 1 (on the true text before it). head_logits:
     (K, B, T, V); target_logits: (B, T, V). Cross-entropy with the target's probabilities, weighted by decay^k."""
-    K, B, T, V = head_logits.shape
-    total, per_head = 0.0, []
-    for k in range(K):
-        shift = k + 1
-        if T <= shift:
-            break
+    def against_target(logits, shift):
         p = torch.softmax(target_logits[:, shift:].float(), -1)
-        logq = torch.log_softmax(head_logits[k, :, :T - shift].float(), -1)
-        loss = -(p * logq).sum(-1).mean()
-        total = total + decay ** k * loss
-        per_head.append(loss.item())
-    return total, per_head
+        return -(p * torch.log_softmax(logits.float(), -1)).sum(-1).mean()
+    return weighted_head_losses(head_logits, 1, against_target, decay)
 
 
 @torch.no_grad()
