@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .grading import EXERCISES
-from .grading.generate import check_calls
+from .grading.make_exercises import check_calls
 from .grading.session import sign
 
 ROOT = Path(__file__).resolve().parent.parent

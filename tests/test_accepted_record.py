@@ -11,7 +11,7 @@ from minigpt.decoding.lookup import lookup_generate
 from minigpt.decoding.medusa import medusa_generate
 from minigpt.decoding.stats import DecodeStats
 from minigpt.decoding.tree import tree_generate
-from minigpt.heads import MedusaHeads
+from minigpt.medusa_heads import MedusaHeads
 from minigpt.model import early_exit_draft
 
 TARGET = random_model(3, vocab_size=16, n_layer=3, block_size=96)

@@ -61,8 +61,8 @@ def test_per_sequence_proposers_with_hidden_states_or_extra_nodes_in_a_batch(arc
     from minigpt.decoding.eagle import Eagle
     from minigpt.decoding.lookahead import Lookahead
     from minigpt.decoding.medusa import Medusa
-    from minigpt.eagle import EagleHead
-    from minigpt.heads import MedusaHeads
+    from minigpt.eagle_head import EagleHead
+    from minigpt.medusa_heads import MedusaHeads
     target = random_model(2, **arch)
     torch.manual_seed(0)
     if name == "eagle":

@@ -45,7 +45,7 @@ def test_document_requests_hold_a_long_text_to_repeat():
 
 
 def test_training_requests_leave_out_both_sets():
-    from minigpt.real.requests import training_requests
+    from minigpt.real.request_sets import training_requests
     texts = {t for _, t in training_requests(n_edit=20)}
     assert not texts & {t for _, t in real.REQUESTS + real.HELD_OUT_REQUESTS}
 

@@ -8,7 +8,7 @@ import torch
 from conftest import perturbed_copy, random_model
 from minigpt.real import chat
 from minigpt.decoding import generate
-from minigpt.heads import MedusaHeads
+from minigpt.medusa_heads import MedusaHeads
 
 EOS = 256                                       # byte ids 0..255, then the end token
 MODEL = random_model(4, vocab_size=257, n_layer=3, block_size=160)

@@ -11,7 +11,7 @@ from conftest import first_two_joint, pair_frequencies, random_model
 from minigpt import bench
 from minigpt.decoding import decode, generate
 from minigpt.decoding.eagle import Eagle, eagle_generate
-from minigpt.eagle import EagleHead, frequency_subset, load_eagle, save_eagle
+from minigpt.eagle_head import EagleHead, frequency_subset, load_eagle, save_eagle
 from minigpt.exactness import tv_bound, tv_distance
 from minigpt.training.train_eagle import eagle_loss
 
@@ -202,7 +202,7 @@ def test_training_a_head_gives_the_target_back_as_it_came(trainer):
     """The target is frozen while its head trains, and afterwards trainable and in train mode again if it was:
     its weights unchanged either way."""
     import numpy as np
-    from minigpt.heads import MedusaHeads
+    from minigpt.medusa_heads import MedusaHeads
     from minigpt.training.train_eagle import train_eagle
     from minigpt.training.train_heads import train_heads
     target = random_model(2).train()

@@ -94,7 +94,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def edit_request():
-    from minigpt.real.requests import real_prompts
+    from minigpt.real.request_sets import real_prompts
     return real_prompts(kinds=("edit",), per_kind=1)[0]
 
 

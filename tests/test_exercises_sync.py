@@ -14,13 +14,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from minigpt.grading.generate import MarkerError, make_exercise, run, stub_source
+from minigpt.grading.make_exercises import MarkerError, make_exercise, run, stub_source
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_committed_exercises_are_up_to_date():
-    proc = subprocess.run([sys.executable, "-m", "minigpt.grading.generate", "--check"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "minigpt.grading.make_exercises", "--check"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from minigpt.decoding.verify import accept_greedy, accept_sampled
 from minigpt.grading import EXERCISES, check
-from minigpt.grading.generate import BEGIN, END
+from minigpt.grading.make_exercises import BEGIN, END
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "solutions"
@@ -583,7 +583,7 @@ def _release(folder: Path, names: list[str]) -> Path:
     for name in names:
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in MINI])
         nbformat.write(nb, str(solutions / name))
-    proc = subprocess.run([sys.executable, "-m", "minigpt.grading.generate", "--solutions", str(solutions),
+    proc = subprocess.run([sys.executable, "-m", "minigpt.grading.make_exercises", "--solutions", str(solutions),
                            "--exercises", str(release)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return release

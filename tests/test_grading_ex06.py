@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from minigpt.decoding.medusa import medusa_candidates
 from minigpt.grading import EXERCISES, check
-from minigpt.heads import MedusaHead
+from minigpt.medusa_heads import MedusaHead
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "ex06_medusa.ipynb"

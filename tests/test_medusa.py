@@ -9,7 +9,7 @@ from conftest import random_model
 from minigpt import GPT, GPTConfig, generate
 from minigpt.checkpoint import CheckpointError
 from minigpt.decoding.medusa import medusa_generate, typical_acceptance
-from minigpt.heads import MedusaHeads, expected_accept_length, load_heads, save_heads, sparse_tree_paths
+from minigpt.medusa_heads import MedusaHeads, expected_accept_length, load_heads, save_heads, sparse_tree_paths
 from minigpt.training.train_heads import medusa_loss, train_heads
 from minigpt.sampling import SamplingConfig
 
@@ -303,7 +303,7 @@ def test_save_load_roundtrip_and_one_line_errors(tmp_path):
 def test_heads_can_share_the_targets_output_layer(tmp_path):
     """For a large vocabulary the heads read out through the target's own (frozen) output layer: no output
     matrices of their own, none in the saved file, and a round trip through save/load gives the same logits."""
-    from minigpt.heads import MedusaHeads, load_heads, save_heads
+    from minigpt.medusa_heads import MedusaHeads, load_heads, save_heads
     target = random_model(0)
     heads = MedusaHeads.for_target(target, n_heads=3, share_output=True)
     assert not any("out" in name for name, _ in heads.named_parameters())

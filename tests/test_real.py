@@ -12,9 +12,9 @@ from minigpt import real
 from minigpt.real import distill
 from minigpt.decoding import generate
 from minigpt.decoding.session import prefill
-from minigpt.eagle import load_eagle
+from minigpt.eagle_head import load_eagle
 from minigpt.cache import KVCache
-from minigpt.real.requests import stdlib_functions, training_requests
+from minigpt.real.request_sets import stdlib_functions, training_requests
 
 
 def test_training_requests_are_deterministic_varied_and_hold_out_the_lesson():

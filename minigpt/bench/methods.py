@@ -22,8 +22,8 @@ from ..decoding.lookahead import lookahead_generate
 from ..decoding.lookup import lookup_generate
 from ..decoding.medusa import medusa_generate
 from ..decoding.tree import tree_generate
-from ..eagle import load_eagle
-from ..heads import load_medusa
+from ..eagle_head import load_eagle
+from ..medusa_heads import load_medusa
 from ..model import early_exit_draft
 
 

@@ -1,7 +1,7 @@
 """The benchmark on SmolLM2-135M-Instruct (Lesson 09): its :class:`~minigpt.bench.methods.Models` and the
 ``--model smollm2`` branch of the command line.
 
-Chat requests instead of code windows (:data:`minigpt.real.requests.REQUESTS` and ``HELD_OUT_REQUESTS``),
+Chat requests instead of code windows (:data:`minigpt.real.request_sets.REQUESTS` and ``HELD_OUT_REQUESTS``),
 prompt lookup with the settings chosen for SmolLM2 (:data:`minigpt.real.loaders.LOOKUP_SETTINGS`), and only
 the drafters that exist for it.
 """
@@ -14,7 +14,7 @@ from ..engines import LlamaCpp, engine_methods
 from ..real.hf import load_hf_smollm
 from ..real.loaders import (EARLY_EXIT_LAYERS, LOOKUP_SETTINGS, SMOLLM2_DRAFT_CHECKPOINT, SMOLLM2_EAGLE_CHECKPOINT,
                             SMOLLM2_MEDUSA_CHECKPOINT, load_smollm2_draft, load_smollm2_eagle, load_smollm2_medusa)
-from ..real.requests import KINDS, real_prompts
+from ..real.request_sets import KINDS, real_prompts
 from ..real.smollm import STOP, load_smollm, load_smollm_tokenizer
 from .methods import Models
 from .run import run_bench

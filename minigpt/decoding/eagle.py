@@ -1,6 +1,6 @@
 """EAGLE drafting: the target's features, extrapolated by a one-layer head, grow a dynamic token tree.
 
-Each round the head (:class:`minigpt.eagle.EagleHead`) first catches up on the positions the target just
+Each round the head (:class:`minigpt.eagle_head.EagleHead`) first catches up on the positions the target just
 cached -- their true features f_t, each paired with the token x_{t+1} -- and so predicts the feature at the
 root. From there it grows a tree the way EAGLE-2 does (Li et al. 2024, arXiv:2406.16858): at every depth the
 ``top_k`` frontier nodes whose paths the head finds most probable each get their ``top_k`` most probable
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..eagle import EagleHead
+from ..eagle_head import EagleHead
 from ..model import GPT
 from .candidates import Proposal
 from .session import Proposer, Session, decode

@@ -1,7 +1,7 @@
 """Medusa decoding: the target drafts for itself with extra heads, then verifies a candidate tree.
 
 Each round the heads read the target's hidden state at the last accepted position and propose their top
-tokens for the next few positions; a fixed sparse tree (:func:`minigpt.heads.sparse_tree_paths`) picks which
+tokens for the next few positions; a fixed sparse tree (:func:`minigpt.medusa_heads.sparse_tree_paths`) picks which
 combinations to try; one target pass verifies the whole tree (:func:`.verify.verify`) and also yields the
 hidden state the heads read next. No draft model and no extra passes.
 
@@ -71,7 +71,7 @@ def typical_acceptance(cfg: SamplingConfig, generator, epsilon: float = 0.09, de
 class Medusa(Proposer):
     """The heads, reading the target's hidden state before the root, fill the candidate tree ``paths``
     (:func:`medusa_candidates`); levels beyond the room left are dropped. ``heads``: anything with ``num_heads``
-    that maps a hidden state (C,) to logits (num_heads, V), such as :class:`minigpt.heads.MedusaHeads`."""
+    that maps a hidden state (C,) to logits (num_heads, V), such as :class:`minigpt.medusa_heads.MedusaHeads`."""
     needs_hidden = True
 
     def __init__(self, heads, paths):

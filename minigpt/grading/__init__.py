@@ -3,7 +3,7 @@
     from minigpt.grading import check
     check("attend_with_cache", attend_with_cache)   # one PASS/FAIL line per case, then "Score: x/y points"
 
-The exercises live in ``exercises/`` (generated from ``solutions/`` by ``python -m minigpt.grading.generate``);
+The exercises live in ``exercises/`` (generated from ``solutions/`` by ``python -m minigpt.grading.make_exercises``);
 ``python -m minigpt.grade PATH`` runs whole notebooks headless and prints a score table.
 """
 # importing a grader module registers its exercise's cases

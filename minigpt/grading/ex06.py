@@ -1,6 +1,6 @@
 """Checks for exercise 06: the Medusa head's forward pass and the candidate tree built from the heads' guesses.
 
-References are the library's own: :class:`minigpt.heads.MedusaHead` for the head and
+References are the library's own: :class:`minigpt.medusa_heads.MedusaHead` for the head and
 :func:`minigpt.decoding.medusa.medusa_candidates` / :func:`minigpt.decoding.candidates.tree_from_paths` for the tree.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..decoding.medusa import medusa_candidates
-from ..heads import MedusaHead, sparse_tree_paths
+from ..medusa_heads import MedusaHead, sparse_tree_paths
 from .core import Exercise, Mismatch, expect_close, expect_token_list
 from .helpers import call_unchanged, pick_hint
 
@@ -29,7 +29,7 @@ def _weights(g: torch.Generator, C: int, V: int, w_scale: float = 1.0, b_scale: 
 
 
 def _library_head(h, W, b, W_out) -> torch.Tensor:
-    """The reference: minigpt.heads.MedusaHead with these weights."""
+    """The reference: minigpt.medusa_heads.MedusaHead with these weights."""
     C, V = W.shape[0], W_out.shape[0]
     m = MedusaHead(C, V)
     with torch.no_grad():
@@ -112,7 +112,7 @@ def _head_bias(fn):
     return f"max |diff| {diff:.1e}"
 
 
-@head.case("random weights: matches minigpt.heads.MedusaHead", 2,
+@head.case("random weights: matches minigpt.medusa_heads.MedusaHead", 2,
            "logits = W_out (h + SiLU(W h + b)) with SiLU(x) = x * sigmoid(x); the weights are in nn.Linear's "
            "layout, so W h is h @ W.T")
 def _head_random(fn):

@@ -14,7 +14,7 @@ The drafters, all exact under greedy verification by the full model:
 
 The package, one module per job: :mod:`~minigpt.real.smollm` (the GGUF file, the model, the tokenizer, the chat
 format, and its ``fetch``/``chat`` command), :mod:`~minigpt.real.hf` (the bridge to transformers),
-:mod:`~minigpt.real.requests` (what SmolLM2 is asked: the benchmark's requests and the distillation requests),
+:mod:`~minigpt.real.request_sets` (what SmolLM2 is asked: the benchmark's requests and the distillation requests),
 :mod:`~minigpt.real.chat` (the streaming speculative chat), :mod:`~minigpt.real.loaders` (the shipped drafters
 and their settings), :mod:`~minigpt.real.answers` and :mod:`~minigpt.real.distill` (the distillation data and
 training). The benchmark's SmolLM2 models are :func:`minigpt.bench.smollm2.smollm2_models`.
@@ -36,8 +36,8 @@ from .loaders import (CHAT_GAMMA, EARLY_EXIT_LAYERS, LOOKUP_SETTINGS, SMOLLM2_DR
 # The other names the lessons use as ``real.X``. Each needs minigpt.real.smollm, so they are imported on first
 # use rather than here: ``python -m minigpt.real.smollm`` must find that module not yet imported by its package
 # (otherwise runpy warns, and the module runs twice).
-_ON_FIRST_USE = {"load_hf_smollm": "hf", "HELD_OUT_REQUESTS": "requests", "KINDS": "requests",
-                 "REQUESTS": "requests", "SPLITS": "requests", "real_prompts": "requests"}
+_ON_FIRST_USE = {"load_hf_smollm": "hf", "HELD_OUT_REQUESTS": "request_sets", "KINDS": "request_sets",
+                 "REQUESTS": "request_sets", "SPLITS": "request_sets", "real_prompts": "request_sets"}
 
 
 def __getattr__(name: str):

@@ -1,5 +1,5 @@
 """The distillation data for SmolLM2's draft: SmolLM2's own greedy answers to the chat requests of
-:func:`minigpt.real.requests.training_requests` (sequence-level distillation), written once by
+:func:`minigpt.real.request_sets.training_requests` (sequence-level distillation), written once by
 ``python -m minigpt.real make-answers`` (it needs transformers) and read by :mod:`minigpt.real.distill`.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from ..data import cache_dir
 from .hf import load_hf_smollm
-from .requests import training_requests
+from .request_sets import training_requests
 from .smollm import STOP, encode_chat, load_smollm_tokenizer
 
 ANSWERS_FILE = "smollm2-answers.npz"  # in the minigpt cache folder
@@ -24,7 +24,7 @@ def answers_path() -> Path:
 
 def make_answers(max_new_tokens: int = 160, batch_size: int = 48, n_edit: int = 400, minutes: float | None = None,
                  log=print) -> dict:
-    """SmolLM2's greedy answers to :func:`minigpt.real.requests.training_requests`: the distillation data for its
+    """SmolLM2's greedy answers to :func:`minigpt.real.request_sets.training_requests`: the distillation data for its
     draft. transformers generates them in batches (left-padded), which a CPU does several times faster than
     one request at a time. Saved after every batch to ``<cache>/smollm2-answers.npz`` and resumed from there:
 

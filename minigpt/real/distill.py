@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from ..data import get_batch, load_tokens
-from ..eagle import EagleHead, frequency_subset, save_eagle
-from ..heads import MedusaHeads, save_heads
+from ..eagle_head import EagleHead, frequency_subset, save_eagle
+from ..medusa_heads import MedusaHeads, save_heads
 from ..training.train import Run, export, get_preset
 from ..training.train_eagle import agreement, train_eagle
 from ..training.train_heads import head_accuracy, train_heads
@@ -121,7 +121,7 @@ def train_draft(minutes: float, stdlib_every: int = 3, stdlib_positions: float =
     if best_state is None:
         raise RuntimeError("no evaluation happened: train for longer")
     run.model.load_state_dict(best_state)
-    info = dict(data=f"SmolLM2's greedy answers to {len(convs) - n_val} chat requests (minigpt.real.requests), "
+    info = dict(data=f"SmolLM2's greedy answers to {len(convs) - n_val} chat requests (minigpt.real.request_sets), "
                      f"1 batch in {stdlib_every} standard-library code", exported_step=best_step,
                 held_out_conversations=n_val, held_out=HELD_OUT_NOTE, held_out_agreement=round(best, 4),
                 embedding_init=f"SmolLM2 token embedding projected onto its {preset.config.n_embd} principal axes",
@@ -140,7 +140,7 @@ def train_medusa(minutes: float, n_heads: int = 4, batch_size: int = 4, block_si
         answers, n_val = load_answers()
         cut = int(answers["starts"][-n_val])
         train, val = answers["tokens"][:cut], answers["tokens"][cut:]
-        about = (f"SmolLM2's greedy conversations (minigpt.real.requests), {len(answers['starts']) - n_val} "
+        about = (f"SmolLM2's greedy conversations (minigpt.real.request_sets), {len(answers['starts']) - n_val} "
                  f"trained on; held out: {n_val}, {HELD_OUT_NOTE}")
     elif data == "stdlib":
         enc = load_smollm_tokenizer()
@@ -187,7 +187,7 @@ def train_eagle_head(minutes: float, subset_size: int = 8192, batch_size: int = 
            for c, m in zip(convs[-n_val:], masks[-n_val:])]
     share = float(counts[head.vocab_subset.numpy()].sum() / counts.sum())
     card = dict(target="SmolLM2-135M-Instruct (frozen)",
-                data=f"SmolLM2's greedy conversations (minigpt.real.requests), {len(convs) - n_val} trained on; "
+                data=f"SmolLM2's greedy conversations (minigpt.real.request_sets), {len(convs) - n_val} trained on; "
                      f"held out: {n_val}, {HELD_OUT_NOTE}; only entries predicting an answer's token count",
                 vocab_subset=f"the {subset_size} tokens most frequent in the training answers ({share:.1%} of "
                              f"their tokens)",

@@ -7,8 +7,8 @@ The files are trained by ``python -m minigpt.real train-draft`` / ``train-medusa
 from __future__ import annotations
 
 from ..checkpoint import PACKAGE_CHECKPOINTS, load_model
-from ..eagle import EagleHead, load_eagle
-from ..heads import load_medusa
+from ..eagle_head import EagleHead, load_eagle
+from ..medusa_heads import load_medusa
 from ..model import GPT
 
 SMOLLM2_DRAFT_CHECKPOINT = PACKAGE_CHECKPOINTS / "smollm2-draft.pt"

@@ -1,4 +1,4 @@
-"""Training an EAGLE head (:mod:`minigpt.eagle`) on a frozen target's features.
+"""Training an EAGLE head (:mod:`minigpt.eagle_head`) on a frozen target's features.
 
 For every window of text the frozen target computes its features f_0 .. f_{T-1}; the head reads (f_t, x_{t+1})
 and is trained to output f_{t+1}: a regression on the feature (smooth L1) plus a classification loss that asks
@@ -26,7 +26,7 @@ from ..checkpoint import PACKAGE_CHECKPOINTS, load_pretrained
 from ..data import get_batch, load_tokens
 from ..decoding.eagle import Eagle
 from ..decoding.session import decode
-from ..eagle import EAGLE_CHECKPOINT, EagleHead, load_eagle, save_eagle
+from ..eagle_head import EAGLE_CHECKPOINT, EagleHead, load_eagle, save_eagle
 from ..model import GPT, frozen
 from ..prompts import code_prompts
 from ..tokenizer import EOT, load_tokenizer

@@ -1,4 +1,4 @@
-"""Training Medusa heads (:mod:`minigpt.heads`) on a frozen target, and measuring how often they are right.
+"""Training Medusa heads (:mod:`minigpt.medusa_heads`) on a frozen target, and measuring how often they are right.
 
 The target stays frozen; head k is trained to predict the token k + 2 places after each hidden state's own
 token, and its loss is weighted by lambda^k (far heads are harder and noisier). Two targets for that prediction:
@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from ..checkpoint import PACKAGE_CHECKPOINTS, load_model, load_pretrained
 from ..data import get_batch, load_tokens
-from ..heads import MEDUSA_CHECKPOINT, MedusaHeads, load_heads, save_heads
+from ..medusa_heads import MEDUSA_CHECKPOINT, MedusaHeads, load_heads, save_heads
 from ..model import GPT, frozen
 from .copydata import load_copy_tokens
 

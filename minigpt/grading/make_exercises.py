@@ -1,4 +1,4 @@
-"""Make the learner's notebooks from the solved ones: ``python -m minigpt.grading.generate [--check]``.
+"""Make the learner's notebooks from the solved ones: ``python -m minigpt.grading.make_exercises [--check]``.
 
 ``solutions/`` is the single source. In a graded cell the learner's part sits between two marker lines
 (nbgrader's)::
@@ -160,7 +160,7 @@ def run(solutions: Path, exercises: Path, check: bool) -> int:
         print(line, file=sys.stderr)
     if check:
         if problems or stale:
-            print("exercises are out of date: run `python -m minigpt.grading.generate`" if stale else
+            print("exercises are out of date: run `python -m minigpt.grading.make_exercises`" if stale else
                   "solution notebooks need fixing", file=sys.stderr)
             return 1
         print(f"{len(sources)} exercise notebooks are up to date")
@@ -171,7 +171,7 @@ def run(solutions: Path, exercises: Path, check: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minigpt.grading.generate",
+    parser = argparse.ArgumentParser(prog="python -m minigpt.grading.make_exercises",
                                      description="Generate exercises/*.ipynb from solutions/*.ipynb.")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if exercises are stale")
     parser.add_argument("--solutions", type=Path, default=Path("solutions"), help="default: ./solutions")
