@@ -10,7 +10,8 @@ needs matplotlib or a display.
 * :func:`plot_lines`                        -- a measurement against a knob, one line per series;
 * :func:`heatmap`                           -- a matrix (attention weights, masks, acceptance tables);
 * :func:`draw_tree`                         -- a token tree: nodes by depth, an accepted branch, weights;
-* :func:`explore`                           -- ``ipywidgets.interact`` with sliders that redraw on release.
+* :func:`explore`                           -- ``ipywidgets.interact`` with sliders that redraw on release;
+* :func:`show_widget`                       -- a widget shown without a text repr in a static notebook.
 """
 from __future__ import annotations
 
@@ -282,7 +283,15 @@ def _redraw_on_change(fn: Callable, made: dict) -> None:
 
     for v in knobs.values():
         v.observe(redraw, names="value")
-    display(widgets.VBox([*knobs.values(), out]))
+    show_widget(widgets.VBox([*knobs.values(), out]))
+
+
+def show_widget(w: widgets.Widget) -> None:
+    """Display a widget for a live frontend only: the output carries the widget's view and no ``text/plain``
+    repr, so a notebook executed headless (nbconvert, CI) or rendered statically shows nothing in its place
+    rather than a line like ``VBox(children=(IntSlider(...``. Works with ipywidgets 7 and 8."""
+    view = {"version_major": 2, "version_minor": 0, "model_id": w.model_id}
+    display({"application/vnd.jupyter.widget-view+json": view}, raw=True)
 
 
 def explore(fn: Callable, draw_now: bool = True, **controls) -> None:
@@ -292,7 +301,8 @@ def explore(fn: Callable, draw_now: bool = True, **controls) -> None:
     ``FloatSlider``; it starts at ``fn``'s default for that argument when that lies in range), a list of
     choices (a ``Dropdown``), an ipywidgets widget, or a fixed value. Works with ipywidgets 7 and 8.
     Lessons call ``fn`` once with fixed values as well, so the static notebook shows the same figure.
-    Returns None (``interact`` displays the widgets itself; its return value would print a function repr).
+    Returns None. The controls are shown by :func:`show_widget`: a live notebook gets the sliders, a notebook
+    executed headless keeps no ``interactive(...)`` text in its outputs.
     ``draw_now=False``: the lesson has just called ``fn`` with the defaults, so the explorer draws nothing until
     a control is moved (one figure on the page at first, not two)."""
     defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()
@@ -321,7 +331,7 @@ def explore(fn: Callable, draw_now: bool = True, **controls) -> None:
         return
 
     @functools.wraps(fn)
-    def show(*args, **kwargs) -> None:  # interact would also display fn's return value
+    def show(*args, **kwargs) -> None:  # interactive would also display fn's return value
         fn(*args, **kwargs)
 
-    widgets.interact(show, **made)
+    show_widget(widgets.interactive(show, **made))   # draws once now, into the widget's own output area
