@@ -14,21 +14,28 @@ scored per pass. Decoding scores T = 1, far below; prefill and speculative verif
 per pass, which is why they are nearly free on a memory-bound chip.
 
 These functions are plain arithmetic on floats (SI units: bytes, seconds, FLOP/s), so a lesson can use them
-on any numbers, e.g. the worked example of a 70B-parameter model in 16-bit on a 3.35 TB/s GPU::
+on any numbers, e.g. the worked example of a 70B-parameter model in 16-bit on 3.35 TB/s GPUs of 80 GB each. Its
+140 GB of weights need two such GPUs; split between them (tensor parallelism), each reads half the weights per
+step and does half the arithmetic, so the floor is a per-GPU one (communication between the GPUs left out)::
 
     >>> weight_bytes(70e9, 2) / 1e9                                   # GB of weights
     140.0
-    >>> round(step_time_floor(70e9, 2, 3.35e12, 1e15) * 1e3, 1)     # ms per decoding step, at least
-    41.8
+    >>> gpus_to_hold(70e9, 2, 80e9)                                   # GPUs of 80 GB needed to hold them
+    2
+    >>> round(step_time_floor(70e9 / 2, 2, 3.35e12, 1e15) * 1e3, 1)  # ms per decoding step on each, at least
+    20.9
 
 The KV cache adds its own reads (2·n_layer·n_embd·b bytes per cached token, :func:`kv_cache_bytes_per_token`);
 the weights dominate for short contexts and are what this first-order model counts.
 """
 from __future__ import annotations
 
+import math
+
 # Published peak figures of an NVIDIA H100 SXM (dense, no sparsity), the GPU of the worked example.
 H100_SXM_BANDWIDTH = 3.35e12   # bytes/s of HBM3
 H100_SXM_BF16_FLOPS = 989e12   # FLOP/s on bf16/fp16 tensor cores
+H100_SXM_MEMORY = 80e9         # bytes of HBM3 on one GPU
 
 
 def decode_flops(n_params: float, n_tokens: int = 1) -> float:
@@ -60,6 +67,16 @@ def step_time_floor(n_params: float, bytes_per_param: float, bandwidth_bytes_per
     memory_s = weight_bytes(n_params, bytes_per_param) / bandwidth_bytes_per_s
     compute_s = decode_flops(n_params, n_tokens) / flops_per_s
     return max(memory_s, compute_s)
+
+
+def gpus_to_hold(n_params: float, bytes_per_param: float, memory_bytes_per_gpu: float = H100_SXM_MEMORY) -> int:
+    """The fewest GPUs whose memory holds the weights: ceil(N·b / memory per GPU) (the KV cache needs room too).
+
+    Split over g GPUs (tensor parallelism), each GPU reads N·b / g bytes and does 2·N·T / g FLOPs per pass: its
+    floor is :func:`step_time_floor` of N / g parameters, and the ridge (a ratio of the two) stays where it is."""
+    if n_params <= 0 or bytes_per_param <= 0 or memory_bytes_per_gpu <= 0:
+        raise ValueError("gpus_to_hold needs positive sizes")
+    return max(1, math.ceil(weight_bytes(n_params, bytes_per_param) / memory_bytes_per_gpu))
 
 
 def ridge_point(flops_per_s: float, bandwidth_bytes_per_s: float) -> float:
