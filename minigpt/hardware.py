@@ -127,6 +127,22 @@ def forward_time_sweep(model: GPT, shapes: list[tuple[int, int]], cached: int = 
     return runs
 
 
+def forward_time_rounds(passes: dict[str, tuple[GPT, int, int]], cached: int = 0, repeat: int = 5,
+                        warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of ``repeat`` rounds of named passes, ``{name: (model, n_tokens, batch_size)}``, possibly of
+    different models: each round times every pass once (after ``warmup`` untimed passes of it), in order.
+
+    Repeat i of every pass then comes from the same round, so a ratio of two passes can be taken round by round
+    (:func:`minigpt.verdict.paired_ratios`): a load that slows a whole round slows both of its times and cancels,
+    which the ratio of two fastest repeats, taken from different rounds, cannot promise."""
+    runs: dict[str, list[float]] = {name: [] for name in passes}
+    for _ in range(repeat):
+        for name, (model, n_tokens, batch_size) in passes.items():
+            runs[name].append(forward_time(model, n_tokens, batch_size=batch_size, cached=cached, repeat=1,
+                                           warmup=warmup))
+    return runs
+
+
 def count_torch_calls(model: GPT, n_tokens: int = 1) -> int:
     """How many torch functions and tensor methods one forward pass calls (linear, layer_norm, view, add,
     ...). Each call pays a fixed Python + dispatch (+ kernel launch, on a GPU) cost however small its tensors;

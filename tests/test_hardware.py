@@ -63,6 +63,16 @@ def test_sweep_times_every_shape_repeat_times():
     assert all(len(r) == 2 and all(positive_finite(t) for t in r) for r in runs.values())
 
 
+def test_rounds_time_named_passes_of_several_models_round_by_round():
+    tiny, draft = hardware.model_of_size("tiny"), hardware.model_of_size("draft")
+    passes = {"tiny 1": (tiny, 1, 1), "tiny 5x2": (tiny, 5, 2), "draft 1": (draft, 1, 1)}
+    runs = hardware.forward_time_rounds(passes, cached=4, repeat=3, warmup=0)
+    assert list(runs) == list(passes)
+    assert all(len(r) == 3 and all(positive_finite(t) for t in r) for r in runs.values())
+    with pytest.raises(ValueError, match="exceeds the context"):
+        hardware.forward_time_rounds({"too long": (tiny, 2000, 1)}, repeat=1)
+
+
 def test_forward_time_keeps_the_training_flag():
     model = hardware.model_of_size("tiny").train()
     hardware.forward_time(model, 2, repeat=1)
