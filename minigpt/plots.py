@@ -12,6 +12,7 @@ needs matplotlib or a display.
 * :func:`draw_tree`                         -- a token tree: nodes by depth, an accepted branch, weights;
 * :func:`explore`                           -- ``ipywidgets.interact`` with sliders that redraw on release;
 * :func:`show_widget`                       -- a widget shown without a text repr in a static notebook.
+* :func:`check_guess`                       -- the learner's guess next to the measured answer.
 """
 from __future__ import annotations
 
@@ -335,3 +336,32 @@ def explore(fn: Callable, draw_now: bool = True, **controls) -> None:
         fn(*args, **kwargs)
 
     show_widget(widgets.interactive(show, **made))   # draws once now, into the widget's own output area
+
+
+def check_guess(guess, measured, tolerance: float | None = None) -> str:
+    """One line putting the learner's guess next to what a cell measured (predict, then measure), printed and
+    returned. ``guess``: a number, a word, or a dict of them (one line per key of ``measured``); None: no guess
+    made. Numbers: "right" within ``tolerance`` (absolute; default 10% of the measured value), else how far off;
+    words: "right" when they match ignoring case, else what was measured."""
+    if isinstance(measured, Mapping):
+        guesses = guess if isinstance(guess, Mapping) else {}
+        text = "\n".join(f"{k}: {_guess_line(guesses.get(k), v, tolerance)}" for k, v in measured.items())
+    else:
+        text = _guess_line(guess, measured, tolerance)
+    print(text)
+    return text
+
+
+def _guess_line(guess, measured, tolerance: float | None) -> str:
+    def fmt(x):
+        return f"{x:.3g}" if isinstance(x, float) else repr(x) if isinstance(x, str) else str(x)
+
+    if guess is None:
+        return f"no guess made; measured {fmt(measured)}"
+    if isinstance(measured, (int, float)) and isinstance(guess, (int, float)) and not isinstance(guess, bool):
+        tol = abs(measured) * 0.1 if tolerance is None else tolerance
+        off = guess - measured
+        verdict = "right" if abs(off) <= tol else f"{'over' if off > 0 else 'under'} by {fmt(abs(off))}"
+        return f"your guess {fmt(guess)}, measured {fmt(measured)}: {verdict}"
+    right = str(guess).strip().lower() == str(measured).strip().lower()
+    return f"your guess {fmt(guess)}, measured {fmt(measured)}: {'right' if right else 'not what happened'}"

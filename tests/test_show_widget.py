@@ -34,3 +34,16 @@ def test_explore_shows_its_controls_without_a_text_repr(monkeypatch):
     assert calls == [2]
     assert len(shown) == 2
     assert all(list(b) == ["application/vnd.jupyter.widget-view+json"] for b, _ in shown)
+
+
+def test_check_guess_compares_instead_of_echoing(capsys):
+    assert plots.check_guess(None, 0.62) == "no guess made; measured 0.62"
+    assert plots.check_guess(0.6, 0.62).endswith("right")                      # within 10% of 0.62
+    assert plots.check_guess(0.3, 0.62).endswith("under by 0.32")
+    assert plots.check_guess(5, 3, tolerance=1).endswith("over by 2")
+    assert plots.check_guess("Slower", "slower").endswith(": right")
+    assert plots.check_guess("faster", "slower").endswith("not what happened")
+    lines = plots.check_guess({"code": "faster"}, {"code": "slower", "edit": "faster"}).splitlines()
+    assert lines == ["code: your guess 'faster', measured 'slower': not what happened",
+                     "edit: no guess made; measured 'faster'"]
+    assert "measured" in capsys.readouterr().out
