@@ -1,14 +1,17 @@
 """Choosing where to run (CUDA, then Apple's MPS, then the CPU; ``MINIGPT_DEVICE`` overrides), and timing on it.
 
-:func:`time_call` times one call; :func:`time_rotating` times competing calls in rotating order (feed its
-paired timings to :mod:`minigpt.verdict` for a verdict), :func:`time_rotating_over` the same on several inputs
-(the benchmark's loop)."""
+:func:`time_call` times one call; :func:`time_rotating` times competing calls in rotating order, with the
+baseline timed twice per round as an A/A control when asked (``aa="plain"``: feed the paired timings to
+:mod:`minigpt.verdict` for a verdict), :func:`time_rotating_over` the same on several inputs (the benchmark's
+loop)."""
 from __future__ import annotations
 
 import os
 import time
 
 import torch
+
+from .verdict import twin_of
 
 
 def get_device() -> torch.device:
@@ -51,25 +54,31 @@ def time_call(fn, device, warmup: int = 2, repeat: int = 7) -> list[float]:
     return times
 
 
-def time_rotating(fns: dict, device, repeat: int = 5, warmup: int = 1) -> tuple[dict, dict]:
+def time_rotating(fns: dict, device, repeat: int = 5, warmup: int = 1, aa: str | None = None) -> tuple[dict, dict]:
     """Time several competing calls fairly: ``fns`` = {label: fn}; every repeat calls each ``fn()`` once, in an
     order that rotates from repeat to repeat, so a change in the machine's load hits all of them alike.
+    ``aa``: a label (the baseline, e.g. "plain") to time twice per repeat, the second time under
+    :func:`minigpt.verdict.twin_of` ``(aa)``: the A/A control a verdict is judged against.
 
     Each call is synchronised on ``device`` before and after the clock is read. Returns (seconds, results):
     ``seconds[label]`` is the list of ``repeat`` timings, ``results[label]`` what the first timed call returned.
     (:func:`time_rotating_over` with a single input.)"""
     seconds, results = time_rotating_over({label: (lambda _, fn=fn: fn()) for label, fn in fns.items()}, [None],
-                                          device, repeat, warmup)
+                                          device, repeat, warmup, aa=aa)
     return ({label: [row[0] for row in rows] for label, rows in seconds.items()},
             {label: rows[0][0] for label, rows in results.items()})
 
 
 def time_rotating_over(fns: dict, inputs: list, device, repeat: int = 5, warmup: int = 1,
-                       log=None) -> tuple[dict, dict]:
+                       log=None, aa: str | None = None) -> tuple[dict, dict]:
     """Time competing calls on several inputs fairly: ``fns`` = {label: fn(input)}; every repeat calls each fn
     once on every input, input by input, and the order of the fns rotates (on input ``i`` of repeat ``r`` it
     starts with fn number ``(i + r) % len(fns)``), so no fn always goes first and a change in the machine's
     load hits all of them alike. First ``warmup`` untimed rounds: each fn once on the first input.
+
+    ``aa``: the label of the baseline to time twice in every round, the second time as its A/A twin
+    (:func:`minigpt.verdict.twin_of`, e.g. "plain (A/A)", returned after the other labels). The twin sits half
+    way round the cycle from the baseline, so it is as near to or far from it as a typical method is.
 
     Each call is synchronised on ``device`` before and after the clock is read. Returns (seconds, results):
     ``seconds[label][r][i]`` and ``results[label][r][i]`` are the time and the return value of the call on
@@ -77,13 +86,20 @@ def time_rotating_over(fns: dict, inputs: list, device, repeat: int = 5, warmup:
     labels = list(fns)
     if not labels:
         raise ValueError("time_rotating needs at least one function to time")
+    if aa is not None:
+        if aa not in fns:
+            raise ValueError(f"aa={aa!r} names no function to time; labels: {', '.join(map(str, labels))}")
+        base = labels[labels.index(aa):] + labels[:labels.index(aa)]   # the baseline first, then the cycle
+        half = (len(labels) + 1) // 2
+        labels, fns = base[:half] + [twin_of(aa)] + base[half:], {**fns, twin_of(aa): fns[aa]}
     if not inputs:
         raise ValueError("time_rotating needs at least one input to time the functions on")
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     for _ in range(warmup):  # first calls pay for allocations and kernel selection
         for label in labels:
-            fns[label](inputs[0])
+            if aa is None or label != twin_of(aa):   # the twin is the baseline: warm once
+                fns[label](inputs[0])
     seconds = {label: [[0.0] * len(inputs) for _ in range(repeat)] for label in labels}
     results = {label: [[None] * len(inputs) for _ in range(repeat)] for label in labels}
     for r in range(repeat):
@@ -97,4 +113,5 @@ def time_rotating_over(fns: dict, inputs: list, device, repeat: int = 5, warmup:
                 results[label][r][i] = fns[label](x)
                 synchronize(device)
                 seconds[label][r][i] = time.perf_counter() - t0
-    return seconds, results
+    order = [label for label in fns if label in seconds]   # the caller's order, the twin last
+    return {label: seconds[label] for label in order}, {label: results[label] for label in order}

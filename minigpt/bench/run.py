@@ -3,7 +3,8 @@ prompt kind and per prompt set. :func:`run_bench` is the composition of the step
 
 1. :func:`resolve_params`, :func:`with_our_side` and :func:`peer_race` decide what runs, with which settings;
 2. :func:`bench_calls` and :func:`minigpt.device.time_rotating_over` time the calls: after a warm-up, the
-   methods run interleaved, prompt by prompt, their order rotating, and every repeat is kept;
+   methods run interleaved, prompt by prompt, their order rotating, plain twice per round (its A/A twin, the
+   control every verdict is judged against: :mod:`minigpt.verdict`), and every repeat is kept;
 3. :func:`check_exactness` compares each output with plain greedy decoding (and with itself across repeats);
 4. :func:`method_record` sums up one method (all prompts, ``by_kind``, ``by_split``) and :func:`compare_with_ours`
    adds a transformers method's ratio to our matching one.
@@ -22,9 +23,11 @@ from ..device import get_device, time_rotating_over
 from ..engines import agreement
 from ..peers import PAIRS, PeerMethod, peer_methods, settings_from_bench
 from ..prompts import Prompt, code_prompts, edit_prompts
+from ..verdict import aa_band, ratio_interval, speed_verdict, twin_of
 from .methods import METHODS, Models
 
 COUNTS = ("new_tokens", "target_passes", "draft_passes", "proposed", "tested", "accepted", "rounds")
+TWIN = twin_of("plain")   # plain timed a second time in every round: the A/A control
 
 
 def check_device(name: str | None) -> torch.device:
@@ -134,6 +137,18 @@ def _finite(x):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
+def verdict_fields(race: Race, name: str, idx) -> dict:
+    """The verdict of ``name`` over plain on the prompts ``idx`` (:mod:`minigpt.verdict`): ``noise_band`` from
+    plain against its A/A twin in the same rounds (plain's own record also keeps those ``aa_ratios``), the
+    paired ratios' judged interval ``speedup_interval`` (their range for 5-7 repeats) and ``verdict``."""
+    _, ratios = race.timing(name, idx)
+    _, aa = race.timing(TWIN, idx)
+    band = aa_band(aa)
+    fields = dict(noise_band=list(band), speedup_interval=list(ratio_interval(ratios)),
+                  verdict="baseline" if name == "plain" else speed_verdict(ratios, band))
+    return dict(fields, aa_ratios=aa) if name == "plain" else fields
+
+
 def group_summary(race: Race, name: str, idx) -> dict:
     """The counts, times and speedups of ``name`` on the prompts ``idx`` alone."""
     s = race.totals(name, idx)
@@ -143,7 +158,7 @@ def group_summary(race: Race, name: str, idx) -> dict:
                 acceptance_rate=_finite(s.acceptance_rate) if s.tested else None,
                 share_of_proposed_accepted=_finite(s.share_of_proposed_accepted) if s.proposed else None,
                 time_s_median=statistics.median(t), speedup_vs_plain=statistics.median(speedups),
-                speedup_min=min(speedups), speedup_max=max(speedups),
+                speedup_min=min(speedups), speedup_max=max(speedups), **verdict_fields(race, name, idx),
                 identical_to_plain_greedy=all(race.identical[name][i] for i in idx))
 
 
@@ -181,7 +196,7 @@ def method_record(race: Race, name: str, prompts: list, setup: dict, description
         tokens_per_s=statistics.median(tps), tokens_per_s_min=min(tps), tokens_per_s_max=max(tps),
         time_s_median=statistics.median(total_times), time_s_min=min(total_times), time_s_max=max(total_times),
         speedup_vs_plain=statistics.median(speedups), speedup_min=min(speedups), speedup_max=max(speedups),
-        identical_to_plain_greedy=all(race.identical[name]),
+        **verdict_fields(race, name, range(len(prompts))), identical_to_plain_greedy=all(race.identical[name]),
         mismatched_prompts=[p.name if isinstance(p, Prompt) else i
                             for i, (p, ok) in enumerate(zip(prompts, race.identical[name])) if not ok],
         by_kind=by_kind, by_split=by_split,
@@ -262,7 +277,7 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
     names += list(outside)
     params.update({n: fn.params for n, fn in outside.items()})
     seconds, results = time_rotating_over(bench_calls(names, models, params, outside, max_new_tokens), prompts,
-                                          dev, repeat=repeats, warmup=1, log=log)
+                                          dev, repeat=repeats, warmup=1, log=log, aa="plain")
     race = check_exactness(seconds, results, {n: "llama_plain" for n in engine_fns})
     setup = dict(device=str(dev), dtype=str(next(models.target.parameters()).dtype).replace("torch.", ""),
                  torch_threads=torch.get_num_threads(), max_new_tokens=max_new_tokens, repeats=repeats)

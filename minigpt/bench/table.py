@@ -8,7 +8,7 @@ import sys
 def format_table(records: list[dict]) -> str:
     """A plain-text table of the records."""
     head = f"{'method':<24}{'gamma':>6}{'tok/pass':>10}{'alpha':>8}{'tok/s (min-max)':>22}" \
-           f"{'speedup (min-max)':>22}{'identical':>11}"
+           f"{'speedup (min-max)':>22}{'identical':>11}  verdict"
     lines = [head, "-" * len(head)]
     for r in records:
         a = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
@@ -16,7 +16,7 @@ def format_table(records: list[dict]) -> str:
         tps = f"{r['tokens_per_s']:.1f} ({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f})"
         sp = f"{r['speedup_vs_plain']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})"
         lines.append(f"{r['method']:<24}{g:>6}{r['tokens_per_target_pass']:>10.2f}{a:>8}{tps:>22}{sp:>22}"
-                     f"{str(r['identical_to_plain_greedy']):>11}")
+                     f"{str(r['identical_to_plain_greedy']):>11}  {_verdict(r)}")
     r0 = records[0]
     for r in records:
         if "ours_over_theirs" in r:
@@ -43,13 +43,23 @@ def format_table(records: list[dict]) -> str:
                 g = get(r)
                 a = "-" if g["acceptance_rate"] is None else f"{g['acceptance_rate']:.3f}"
                 lines.append(f"    {r['method']:<24}{g['tokens_per_target_pass']:>7.2f}{a:>8}    "
-                             f"{g['speedup_vs_plain']:.2f}x ({g['speedup_min']:.2f}-{g['speedup_max']:.2f})"
-                             f"{'' if g['identical_to_plain_greedy'] else '   NOT identical'}")
+                             f"{g['speedup_vs_plain']:.2f}x ({g['speedup_min']:.2f}-{g['speedup_max']:.2f})  "
+                             f"{_verdict(g)}{'' if g['identical_to_plain_greedy'] else '   NOT identical'}")
     lines.append(f"{r0['n_prompts']} prompts, {r0['max_new_tokens']} new tokens each (at most), greedy, "
                  f"{r0['repeats']} repeats (medians), device {r0['device']}, {r0['dtype']}, "
                  f"{r0['torch_threads']} threads; alpha = accepted / tested drafted tokens (for the tree methods -- "
                  f"tree, medusa, eagle, lookahead, a lookup tree -- accepted / tree levels tested: level acceptance)")
+    lines.append("verdict: each round's speedup over plain against plain's A/A noise band (plain timed twice per "
+                 "round), >= 5 repeats (minigpt.verdict)")
     return "\n".join(lines)
+
+
+def _verdict(r: dict) -> str:
+    """A record's verdict over plain; for plain, its A/A noise band ("-" for records from before the A/A control)."""
+    if "verdict" not in r:
+        return "-"
+    lo, hi = r["noise_band"]
+    return f"A/A noise band {lo:.2f}-{hi:.2f}" if r["verdict"] == "baseline" else r["verdict"]
 
 
 def report(records: list[dict], json_path: str | None) -> int:
