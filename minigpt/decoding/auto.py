@@ -1,0 +1,319 @@
+"""Speculation that decides, round by round, whether and how far to speculate: the ``auto`` controller.
+
+Every method of the course is exact, so a decoder may switch between them from one round to the next without
+changing its output (greedy: identical; sampled: the target's distribution), as long as each round's choice
+depends only on what came before it. The controller uses that freedom to pick, each round, the option with the
+highest expected **tokens per second**, from what it has measured in this generation:
+
+* the time of a round by how many tokens its target pass scored (its width k + 1), measured from the start of
+  one round to the start of the next, so the verification pass, the acceptance rule and the bookkeeping are all
+  in it; widths not seen yet are interpolated (or extrapolated with the slope fitted so far);
+* each drafter's time per drafted token (a draft model's passes), measured while it drafts;
+* each drafter's acceptance at each depth d, p_d = P(token d accepted | tokens 1..d-1 accepted), counted with
+  exponential forgetting, so that a copy-heavy stretch of text is noticed and so is its end.
+
+With those, a chain of k drafted tokens is expected to yield E(k) = 1 + sum_{d<=k} prod_{j<=d} p_j tokens (the
+speed-up model of Lesson 04b, with the measured p_j in place of one alpha) in t_draft(k) + t_round(k + 1)
+seconds, and plain decoding yields 1 token in t_round(1). The options:
+
+* **copying drafters** (prompt lookup, suffix decoding: ``cheap = True``): their proposal costs next to nothing,
+  so the controller makes it first and then decides how many of its tokens to send, k = 0 (a plain step) .. all;
+* **draft chains** (:class:`~.chain.Chain`): the controller picks gamma (0 .. ``gamma_max``) before drafting;
+* **any other proposer** (EAGLE's and Medusa's trees, lookup trees, lookahead) is an *arm*: its rate is measured
+  as a whole (tokens per round over seconds per round).
+
+Options that lose are re-tried now and then (after 8 rounds, then 16, 32, ... while they keep losing), so a
+change in the text is found; those probes are the controller's only cost when plain decoding is best.
+``Auto.choices`` records every round (option, tokens proposed, tokens kept) and :meth:`Auto.summary` how often
+each option was taken and its tokens per target pass.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .candidates import Proposal
+from .chain import Chain
+from .lookup import Lookup
+from .session import Proposer, Session
+from .verify import Verified
+
+PLAIN = "plain"
+
+
+class RoundTimes:
+    """Seconds per round (drafting excluded) by pass width, as exponential moving averages; an unseen width is
+    interpolated between the nearest seen ones, or extrapolated with the least-squares slope of those seen
+    (before two widths are seen, ``prior_slope`` times the one-token round per extra token)."""
+
+    def __init__(self, smoothing: float = 0.3, prior_slope: float = 0.05):
+        self.smoothing, self.prior_slope = smoothing, prior_slope
+        self.by_width: dict[int, float] = {}
+
+    def add(self, width: int, seconds: float) -> None:
+        old = self.by_width.get(width)
+        self.by_width[width] = seconds if old is None else old + self.smoothing * (seconds - old)
+
+    def __call__(self, width: int) -> float | None:
+        """Estimated seconds of a round whose pass scores ``width`` tokens (None before any round was timed)."""
+        if width in self.by_width:
+            return self.by_width[width]
+        if not self.by_width:
+            return None
+        ws = sorted(self.by_width)
+        below = [w for w in ws if w < width]
+        above = [w for w in ws if w > width]
+        if below and above:
+            a, b = below[-1], above[0]
+            return self.by_width[a] + (self.by_width[b] - self.by_width[a]) * (width - a) / (b - a)
+        if len(ws) >= 2:
+            mean_w = sum(ws) / len(ws)
+            mean_t = sum(self.by_width[w] for w in ws) / len(ws)
+            var = sum((w - mean_w) ** 2 for w in ws)
+            slope = max(0.0, sum((w - mean_w) * (self.by_width[w] - mean_t) for w in ws) / var)
+        else:
+            slope = self.prior_slope * self.by_width[ws[0]]
+        edge = ws[-1] if above == [] else ws[0]
+        return max(1e-9, self.by_width[edge] + slope * (width - edge))
+
+
+@dataclass
+class DepthAcceptance:
+    """p_d = P(drafted token d accepted | tokens 1..d-1 accepted), from counts that decay by ``decay`` at each
+    observation, with a prior of ``prior`` worth ``prior_weight`` observations."""
+    decay: float = 0.9
+    prior: float = 0.5
+    prior_weight: float = 1.0
+    accepted: list[float] = field(default_factory=list)
+    tested: list[float] = field(default_factory=list)
+
+    def p(self, depth: int) -> float:
+        i = depth - 1
+        a = self.accepted[i] if i < len(self.accepted) else 0.0
+        n = self.tested[i] if i < len(self.tested) else 0.0
+        return (a + self.prior * self.prior_weight) / (n + self.prior_weight)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """A chain of ``proposed`` tokens of which the first ``accepted`` stood (depths 1..accepted accepted, the
+        next one tested and rejected, deeper ones never tested)."""
+        tested = min(proposed, accepted + 1)
+        while len(self.tested) < tested:
+            self.tested.append(0.0)
+            self.accepted.append(0.0)
+        for i in range(tested):
+            self.tested[i] = self.decay * self.tested[i] + 1.0
+            self.accepted[i] = self.decay * self.accepted[i] + float(i < accepted)
+
+    def expected_tokens(self, k: int) -> list[float]:
+        """E(0..k): the tokens a round yields with a chain of 0..k drafted tokens (the target's own included)."""
+        out, e, reach = [1.0], 1.0, 1.0
+        for d in range(1, k + 1):
+            reach *= self.p(d)
+            e += reach
+            out.append(e)
+        return out
+
+
+@dataclass
+class Option:
+    """One way to make a round: ``kind`` is ``"cheap"`` (a copying drafter whose proposal is made first and then
+    cut to the best length), ``"chain"`` (a draft model whose gamma is chosen before it drafts) or ``"arm"``
+    (any other proposer, used as it is)."""
+    name: str
+    proposer: Proposer
+    kind: str
+    acceptance: DepthAcceptance = field(default_factory=DepthAcceptance)
+    seconds_per_token: float | None = None   # chain: drafting time per drafted token
+    arm_tokens: float | None = None          # arm: tokens per round (moving average)
+    arm_seconds: float | None = None         # arm: seconds per round (moving average)
+    last_round: int = -1                     # the round it was last taken in
+    backoff: int = 8                         # rounds before it is re-tried while it loses
+
+
+def _kind(proposer: Proposer) -> str:
+    if getattr(proposer, "cheap", False) or isinstance(proposer, Lookup):
+        return "cheap"
+    if isinstance(proposer, Chain):
+        return "chain"
+    return "arm"
+
+
+class Auto(Proposer):
+    """The controller: each round, the option with the highest expected tokens per second (see the module
+    docstring), plain decoding included. ``options``: name -> proposer (at most one with a draft model, since a
+    session keeps one draft cache); ``gamma_max``: the longest chain a draft model is asked for; ``max_send``: the
+    most copied tokens sent in one round; ``smoothing``: weight of the newest round in the moving averages;
+    ``clock``: the timer (``time.perf_counter``; tests pass a fake one). Choices follow measured time, so a seeded
+    sampled run is distributed as the target's but not reproducible from its seed alone."""
+
+    def __init__(self, options: dict[str, Proposer], gamma_max: int = 8, max_send: int = 32, smoothing: float = 0.3,
+                 clock=time.perf_counter):
+        drafts = {id(p.draft) for p in options.values() if p.draft is not None}
+        if len(drafts) > 1:
+            raise ValueError("auto: at most one option may use a draft model (a session keeps one draft cache)")
+        if PLAIN in options:
+            raise ValueError(f"auto: {PLAIN!r} is always an option; don't pass it")
+        self.options = [Option(name, p, _kind(p)) for name, p in options.items()]
+        self.gamma_max, self.max_send, self.smoothing, self.clock = gamma_max, max_send, smoothing, clock
+        self.draft = next((p.draft for p in options.values() if p.draft is not None), None)
+        self.needs_hidden = any(p.needs_hidden for p in options.values())
+        widths = [1]
+        for o in self.options:
+            widths.append(1 + gamma_max if o.kind == "chain" else
+                          min(o.proposer.max_width, 1 + max_send) if o.kind == "cheap" else o.proposer.max_width)
+        self.max_width = max(widths)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every measurement: a new generation starts from scratch."""
+        self.times = RoundTimes(self.smoothing)
+        self.round = 0
+        self.choices: list[tuple[str, int, int]] = []  # per round: option, tokens proposed, tokens kept
+        self._pending = None  # (option or None, width, t_start, t_drafted) of the round in flight
+        self._session = None
+        self._tokens = 1
+        for o in self.options:
+            o.acceptance = DepthAcceptance()
+            o.seconds_per_token = o.arm_tokens = o.arm_seconds = None
+            o.last_round, o.backoff = -1, 8
+
+    # -- deciding ---------------------------------------------------------------------------------------------
+    def _due(self, o: Option) -> bool:
+        """Whether a losing option is re-tried this round."""
+        return self.round - o.last_round >= o.backoff
+
+    def _best_length(self, o: Option, most: int, draft_cost: float) -> tuple[float, int]:
+        """(expected tokens per second, k) of the best chain length k in 1..most for option ``o``."""
+        best = (0.0, 0)
+        for k, e in enumerate(o.acceptance.expected_tokens(most)):
+            t = self.times(k + 1)
+            if k == 0 or t is None:
+                continue
+            best = max(best, (e / (t + draft_cost * k), k))
+        return best
+
+    def propose(self, session: Session, room: int) -> Proposal:
+        now = self.clock()
+        if self._session is not session:  # a new generation
+            self.reset()
+            self._session = session
+        self._close_round(now)
+        self.round += 1
+        root = session.seq[-1]
+        for o in self.options:  # proposers that read every round's hidden states keep up even when not chosen
+            catch_up = getattr(o.proposer, "catch_up", None)
+            if catch_up is not None:
+                catch_up(session)
+        t_plain = self.times(1)
+        if t_plain is None or room < 1:  # the first round is plain: it measures the one-token round
+            return self._start(None, Proposal([root], [-1]), now)
+        best_rate, best = 1.0 / t_plain, None
+        cheap_proposals = {}
+        for o in self.options:
+            if o.kind == "cheap":
+                prop = o.proposer.propose(session, min(room, self.max_send))
+                if len(prop.candidates) == 0:
+                    continue
+                if not prop.is_chain:
+                    raise ValueError(f"auto: the cheap option {o.name!r} must propose a chain")
+                rate, k = self._best_length(o, len(prop.candidates), 0.0)
+                if self._due(o) and rate <= best_rate:
+                    rate, k = best_rate * (1 + 1e-9), min(2, len(prop.candidates))  # a probe
+                cheap_proposals[o.name] = (prop, k)
+                if rate > best_rate:
+                    best_rate, best = rate, (o, k)
+            elif o.kind == "chain":
+                most = min(self.gamma_max, room)
+                if o.seconds_per_token is None:   # never drafted yet: try a short chain to measure it
+                    rate, k = float("inf"), min(2, most)
+                else:
+                    rate, k = self._best_length(o, most, o.seconds_per_token)
+                    if self._due(o) and rate <= best_rate:
+                        rate, k = best_rate * (1 + 1e-9), min(2, most)
+                if rate > best_rate:
+                    best_rate, best = rate, (o, k)
+            else:
+                rate = float("inf") if o.arm_seconds is None else o.arm_tokens / o.arm_seconds
+                if self._due(o) and rate <= best_rate:
+                    rate = best_rate * (1 + 1e-9)
+                if rate > best_rate:
+                    best_rate, best = rate, (o, None)
+        if best is None:
+            return self._start(None, Proposal([root], [-1]), now)
+        o, k = best
+        if o.kind == "cheap":
+            prop, _ = cheap_proposals[o.name]
+            drafted = prop.candidates[:k]
+            return self._start(o, Proposal.chain(root, drafted), now)
+        if o.kind == "chain":
+            o.proposer.gamma = k
+            t0 = self.clock()
+            prop = o.proposer.propose(session, room)
+            n = len(prop.candidates)
+            if n:
+                spt = (self.clock() - t0) / n
+                o.seconds_per_token = spt if o.seconds_per_token is None else \
+                    o.seconds_per_token + self.smoothing * (spt - o.seconds_per_token)
+            return self._start(o, prop, now, drafted_at=self.clock())
+        return self._start(o, o.proposer.propose(session, room), now)
+
+    def _start(self, o: Option | None, proposal: Proposal, t_start: float, drafted_at: float | None = None) -> Proposal:
+        width = len(proposal.tokens) + len(proposal.extra_tokens)
+        self._pending = (o, width, t_start, drafted_at)
+        return proposal
+
+    # -- learning ---------------------------------------------------------------------------------------------
+    def observe(self, proposal: Proposal, verified: Verified) -> None:
+        o = self._pending[0]
+        kept = len(verified.path)
+        self.choices.append((PLAIN if o is None else o.name, len(proposal.tokens) - 1, kept))
+        if o is None:
+            return
+        o.last_round = self.round
+        if o.kind in ("cheap", "chain"):
+            o.acceptance.observe(len(proposal.candidates), kept)
+        else:
+            o.proposer.observe(proposal, verified)
+        self._tokens = kept + 1
+
+    def _close_round(self, now: float) -> None:
+        """Book the time of the round that just ended (from its start to now)."""
+        if self._pending is None:
+            return
+        o, width, t_start, drafted_at = self._pending
+        self._pending = None
+        if o is not None and o.kind == "arm":
+            secs, toks = now - t_start, self._tokens
+            if o.arm_seconds is None:
+                o.arm_seconds, o.arm_tokens = secs, toks
+            else:
+                o.arm_seconds += self.smoothing * (secs - o.arm_seconds)
+                o.arm_tokens += self.smoothing * (toks - o.arm_tokens)
+            self._update_backoff(o, toks / secs)
+            return
+        self.times.add(width, now - (drafted_at if drafted_at is not None else t_start))
+        if o is not None:
+            secs = now - t_start
+            self._update_backoff(o, self._tokens / secs)
+
+    def _update_backoff(self, o: Option, rate: float) -> None:
+        """A probe that lost to plain decoding doubles the wait before the next one; a win resets it."""
+        t_plain = self.times(1)
+        if t_plain is not None and rate < 1.0 / t_plain:
+            o.backoff = min(2 * o.backoff, 256)
+        else:
+            o.backoff = 8
+
+    # -- reporting --------------------------------------------------------------------------------------------
+    def summary(self) -> dict[str, dict]:
+        """Per option (plain included): rounds taken, their share, tokens made, tokens per target pass."""
+        out: dict[str, dict] = {}
+        for name, _, kept in self.choices:
+            s = out.setdefault(name, dict(rounds=0, tokens=0))
+            s["rounds"] += 1
+            s["tokens"] += kept + 1
+        total = max(1, len(self.choices))
+        for s in out.values():
+            s["share"] = s["rounds"] / total
+            s["tokens_per_pass"] = s["tokens"] / s["rounds"]
+        return out

@@ -1,0 +1,155 @@
+"""The speculation controller (minigpt.decoding.auto): exact whatever it chooses, and its choices follow cost.
+
+The controller's decisions follow measured time. To test them without depending on this machine's speed, a fake
+clock is advanced by the models themselves (a forward hook adds a fixed cost per pass): a "memory-bound" device
+where a target pass costs the same at any width and drafting is cheap, where speculation must win, and a device
+where drafting is dear and a wide pass is slow, where plain decoding must win."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import perturbed_copy, random_model
+from minigpt.decoding.auto import PLAIN, Auto, DepthAcceptance, RoundTimes
+from minigpt.decoding.chain import Chain
+from minigpt.decoding.lookup import Lookup
+from minigpt.decoding.plain import generate
+from minigpt.decoding.session import decode
+from minigpt.exactness import tv_bound, tv_distance
+from minigpt.sampling import SamplingConfig
+
+
+class FakeClock:
+    """Time that passes only when a model runs: ``cost(model, n_tokens)`` seconds per forward pass."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def charge(self, model, cost):
+        """Add ``cost(n_tokens)`` to the clock at every forward pass of ``model``; returns the hook's handle."""
+        def hook(module, args, kwargs):
+            idx = args[0] if args else kwargs["idx"]
+            self.t += cost(idx.shape[-1])
+        return model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def _auto(draft, clock=None):
+    extra = {} if clock is None else dict(clock=clock)
+    return Auto({"lookup": Lookup(3, 16), "chain": Chain(draft, 4)}, **extra)
+
+
+def test_round_times_interpolate_and_extrapolate():
+    rt = RoundTimes(smoothing=1.0)
+    assert rt(3) is None
+    rt.add(1, 1.0)
+    assert rt(5) == pytest.approx(1.0 + 4 * 0.05)  # the prior slope before a second width is seen
+    rt.add(5, 2.0)
+    assert rt(3) == pytest.approx(1.5)             # between two seen widths
+    assert rt(9) == pytest.approx(3.0)             # the fitted slope beyond them
+
+
+def test_depth_acceptance_counts_only_tested_depths():
+    acc = DepthAcceptance(decay=1.0, prior_weight=0.0)
+    acc.observe(proposed=4, accepted=1)   # depth 1 accepted, depth 2 rejected, 3-4 never tested
+    acc.observe(proposed=4, accepted=4)
+    assert acc.p(1) == 1.0 and acc.p(2) == 0.5 and acc.p(3) == 1.0
+    assert acc.expected_tokens(2) == pytest.approx([1.0, 2.0, 2.5])
+
+
+@pytest.mark.parametrize("regime", ["speculation pays", "plain pays", "real clock"])
+def test_greedy_output_is_the_targets_whatever_the_controller_chooses(regime):
+    target, draft = random_model(0), random_model(1, n_layer=1)
+    clock = FakeClock()
+    if regime == "speculation pays":
+        clock.charge(target, lambda n: 1.0)
+        clock.charge(draft, lambda n: 0.01)
+    elif regime == "plain pays":
+        clock.charge(target, lambda n: 1.0 + 0.5 * (n - 1))
+        clock.charge(draft, lambda n: 2.0)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(6):
+        prompt = torch.randint(0, 97, (int(torch.randint(2, 12, (1,), generator=gen)),), generator=gen).tolist()
+        prompt = prompt + prompt[:5]  # a repeat, so that prompt lookup finds matches
+        auto = _auto(draft, clock) if regime != "real clock" else _auto(draft)
+        out, _ = decode(target, prompt, 40, auto)
+        assert out == generate(target, prompt, 40), regime
+        shares = auto.summary()
+        if regime == "speculation pays":
+            assert shares.get(PLAIN, {}).get("share", 0) < 0.2, shares
+        if regime == "plain pays":  # only the first tries and the backed-off probes speculate
+            assert shares[PLAIN]["share"] > 0.75, shares
+
+
+def test_only_plain_costs_few_probes_on_a_long_generation():
+    """When speculation never pays, the probes that keep checking back off: few rounds in 200 speculate."""
+    target, draft = random_model(0, block_size=256), random_model(1, n_layer=1, block_size=256)
+    clock = FakeClock()
+    clock.charge(target, lambda n: 1.0 + 0.5 * (n - 1))
+    clock.charge(draft, lambda n: 2.0)
+    auto = Auto({"chain": Chain(draft, 4)}, clock=clock)
+    decode(target, [1, 2, 3], 200, auto)
+    s = auto.summary()
+    assert s[PLAIN]["rounds"] >= 190, s
+
+
+def _three_token_law(model, prompt, cfg: SamplingConfig) -> dict[tuple, float]:
+    """The exact distribution of the first three sampled tokens (a support of at most top_k ** 3 outcomes)."""
+    law = {(): 1.0}
+    with torch.no_grad():
+        for _ in range(3):
+            nxt = {}
+            for seq, pr in law.items():
+                p = cfg.probs(model(torch.tensor([prompt + list(seq)]))[0, -1])
+                for t in p.nonzero().flatten().tolist():
+                    nxt[seq + (t,)] = pr * float(p[t])
+            law = nxt
+    return law
+
+
+@pytest.mark.slow
+def test_sampled_output_follows_the_target_when_the_controller_speculates():
+    """Sampled decoding through the controller, on a device where speculation pays (so the chain drafts from the
+    second round on), must draw three tokens from the target's own joint law (top_k=2: 8 outcomes); TV within
+    tv_bound(N, 8). A wrong rule that keeps every drafted token fails the same test."""
+    target = random_model(8, n_layer=1)
+    draft = perturbed_copy(target, 0.8, seed=3)
+    cfg = SamplingConfig(1.0, top_k=2)
+    prompt = [5, 9, 13]
+    law = _three_token_law(target, prompt, cfg)
+    outcomes = sorted(law)
+    p = torch.tensor([law[o] for o in outcomes] + [0.0])  # the last entry: any outcome outside the support
+
+    def run(n, rule=None):
+        clock = FakeClock()
+        hooks = [clock.charge(target, lambda k: 1.0), clock.charge(draft, lambda k: 0.01)]
+        counts, spec_rounds = Counter(), 0
+        bad = 0
+        for seed in range(n):
+            auto = Auto({"chain": Chain(draft, 4)}, clock=clock)
+            out, _ = decode(target, prompt, 3, auto, temperature=1.0, top_k=2, seed=seed, rule=rule)
+            counts[tuple(out)] += 1
+            bad += tuple(out) not in law
+            spec_rounds += sum(name != PLAIN for name, _, _ in auto.choices)
+        for h in hooks:
+            h.remove()
+        assert spec_rounds >= n // 2, "the controller did not speculate: the test would not test it"
+        return torch.tensor([counts[o] / n for o in outcomes] + [bad / n])
+
+    n = 1200
+    bound = tv_bound(n, len(outcomes))
+    good = run(n)
+    assert tv_distance(good, p) < bound, f"TV {tv_distance(good, p):.4f} >= bound {bound:.4f}"
+    bad = run(n, rule=_accept_everything)
+    assert tv_distance(bad, p) > bound, "the wrong rule passed the exactness test"
+
+
+def _accept_everything(sampling, generator):
+    """A wrong rule: every drafted token stands (the output would follow the draft, not the target)."""
+    def rule(proposal, logits):
+        return list(range(1, len(proposal.tokens))), int(logits[-1].argmax())
+    return rule
