@@ -10,7 +10,14 @@ Every rule is its own test, run on every notebook, and a failure names the noteb
 * no cell that raised (error outputs);
 * every code cell of a lesson or a solution executed;
 * no ``<matplotlib.lines.Line2D at 0x...>``-style reprs of plot objects;
-* exercises carry no outputs at all.
+* exercises carry no outputs at all;
+* no widget repr (``VBox(...)``, ``HBox(...)``, ``interactive(children=...)``) as an output's text with no figure
+  beside it: a static render shows a figure or nothing, never the repr;
+* no words about how the course was made ("the issue behind this lesson", "commissioned", tickets, "the seed
+  articles", "the seeds'") in a lesson, an exercise, a solution or README.md: a learner has no issue and no seed
+  articles. Another project's GitHub issue may be cited (``vLLM #27433``, a github.com address);
+* Lesson 00's plan links every lesson in course/, and nothing that is not there;
+* no lesson code cell over 40 lines (code that long belongs in ``minigpt``, tested).
 """
 from __future__ import annotations
 
@@ -24,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 EXECUTED = sorted(ROOT.glob("course/*.ipynb")) + sorted(ROOT.glob("solutions/*.ipynb"))
 EXERCISES = sorted(ROOT.glob("exercises/*.ipynb"))
 ALL = EXECUTED + EXERCISES
+LESSONS = sorted(ROOT.glob("course/*.ipynb"))
+README = ROOT / "README.md"
+PLAN = ROOT / "course" / "00_start_here.ipynb"
+MAX_CELL_LINES = 40
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -34,6 +45,19 @@ CARD_FIELDS = re.compile(r"targets_from_issue|[\"']history[\"']\s*:")
 MARKER = "[[minigpt-grade]]"
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(work|root|tmp|home|Users)/")
 PLOT_REPR = re.compile(r"<matplotlib\.[\w.]+ (object )?at 0x[0-9a-f]+>")
+WIDGET_REPR = re.compile(r"^\s*(VBox|HBox|Box|GridBox|Tab|Accordion|interactive|Output)\(")
+# How the course was made is not the learner's business. "the seeds 0..n-1", "seed=0", "a seed" (of a random
+# generator) are fine; so is another project's issue cited by number or address (CITATION, near the match).
+PROCESS_WORDS = re.compile(r"""(?ix)
+      \bseed[ -]articles?\b                        # "the seed articles", "the second seed article's FAQ"
+    | \bthe\ seeds?['’]                       # "the seeds' argument", "the seed's advice"
+    | \bthe\ seeds\b(?!\s*[=(\d])                 # "as the seeds say" (not "the seeds 0..n-1")
+    | \b(?:the|this|our)\ issue(?:['’]s)?\b    # "the issue behind this lesson", "checked the issue's goal"
+    | \bissues?\ (?:behind|that\ (?:commissioned|asked))\b
+    | \bcommissioned\b
+    | (?<!lottery\ )\btickets?\b
+""")
+CITATION = re.compile(r"#\d+|github\.com/|/issues/\d+")
 
 
 def _name(path: Path) -> str:
@@ -159,6 +183,75 @@ def test_exercises_have_no_outputs(path):
     _fail(path, problems, "outputs in an exercise notebook (exercises are committed without outputs)")
 
 
+def _is_widget_repr(output: dict) -> bool:
+    """An output whose text/plain is a widget's repr and which has no figure (image) a static render could show."""
+    data = output.get("data", {})
+    return bool(WIDGET_REPR.match(_join(data.get("text/plain", "")))) and not any(m.startswith("image/") for m in data)
+
+
+@pytest.mark.parametrize("path", ALL, ids=_name)
+def test_no_widget_reprs_in_outputs(path):
+    problems = [f"cell {i}: {_join(o['data']['text/plain'])[:60]!r}..."
+                for i, cell in enumerate(_load(path)["cells"]) for o in cell.get("outputs", []) if _is_widget_repr(o)]
+    _fail(path, problems, "widget reprs in the outputs (display widgets with minigpt.plots.show_widget, which keeps "
+          "no text/plain repr, and call the function behind them once so a figure is saved)")
+
+
+def texts_of(path: Path):
+    """(where, text) for everything a learner reads in a file: README.md's text; a notebook's cell sources
+    (markdown, code and its comments) and output texts."""
+    if path.suffix == ".md":
+        yield "text", path.read_text(encoding="utf-8")
+        return
+    for i, cell in enumerate(_load(path)["cells"]):
+        yield f"cell {i}", _join(cell.get("source", ""))
+        for output in cell.get("outputs", []):
+            for text in output_texts(output):
+                yield f"cell {i} (output)", text
+
+
+def process_words(path: Path) -> list[str]:
+    """Each use of a process word in ``path``, with a little context, unless a citation stands next to it."""
+    problems = []
+    for where, text in texts_of(path):
+        for m in PROCESS_WORDS.finditer(text):
+            if "issue" in m.group(0).lower() and CITATION.search(text[max(0, m.start() - 60):m.end() + 60]):
+                continue
+            problems.append(f"{where}: ...{_excerpt(text, m)}...")
+    return problems
+
+
+@pytest.mark.parametrize("path", ALL + [README], ids=_name)
+def test_no_process_words(path):
+    _fail(path, process_words(path), "words about how the course was made, which a learner cannot resolve (state "
+          "the goal as the course's own question; cite papers by authors, title and year)")
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=_name)
+def test_no_lesson_code_cell_over_40_lines(path):
+    problems = [f"cell {i}: {n} lines ({_join(cell['source']).strip().splitlines()[0][:60]!r})"
+                for i, cell in enumerate(_load(path)["cells"]) if cell["cell_type"] == "code"
+                for n in [len(_join(cell["source"]).rstrip().splitlines())] if n > MAX_CELL_LINES]
+    _fail(path, problems, f"code cells over {MAX_CELL_LINES} lines (move the code into minigpt, tested, and call it)")
+
+
+def plan_problems(plan: Path, lessons: list[Path]) -> list[str]:
+    """What Lesson 00's plan (its markdown cell headed "## The plan") misses or lists in vain: every lesson but
+    Lesson 00 itself must be linked there by file name, and every notebook linked there must exist."""
+    cells = [_join(c["source"]) for c in _load(plan)["cells"] if c["cell_type"] == "markdown"]
+    table = next((c for c in cells if re.search(r"^#+\s*The plan", c, re.M)), None)
+    if table is None:
+        return ["no markdown cell headed '## The plan'"]
+    linked = set(re.findall(r"\]\(([\w.-]+\.ipynb)\)", table))
+    names = {p.name for p in lessons}
+    return ([f"{n} is not in the plan" for n in sorted(names - linked - {plan.name})]
+            + [f"the plan links {n}, which is not in course/" for n in sorted(linked - names)])
+
+
+def test_lesson_00_plan_lists_every_lesson():
+    _fail(PLAN, plan_problems(PLAN, LESSONS), "Lesson 00's plan is out of date with course/")
+
+
 # The rules must be able to fail: each is shown catching a made-up notebook that breaks it.
 
 def _notebook(outputs: list[dict], execution_count=1, metadata=None) -> dict:
@@ -183,6 +276,13 @@ BAD = {
                                                         "metadata": {}, "data": {"text/plain": [
                                                             "[<matplotlib.lines.Line2D at 0x7f3a2c1d90>]"]}}]),
     "test_exercises_have_no_outputs": _notebook([_stream("hello\n")]),
+    "test_no_widget_reprs_in_outputs": _notebook([{"output_type": "display_data", "metadata": {}, "data": {
+        WIDGET_VIEW: {"model_id": "m"}, "text/plain": ["VBox(children=(IntSlider(value=8, description='k'),))"]}}]),
+    "test_no_process_words": {**_notebook([]), "cells": [{"cell_type": "markdown", "metadata": {}, "source": [
+        "The issue behind this lesson asked for a goal of 4 tokens per pass."]}]},
+    "test_no_lesson_code_cell_over_40_lines": {**_notebook([]), "cells": [
+        {"cell_type": "code", "execution_count": 1, "metadata": {}, "outputs": [],
+         "source": [f"x{i} = {i}\n" for i in range(41)]}]},
 }
 PROGRESS_WIDGET = _notebook(
     [{"output_type": "display_data", "metadata": {}, "data": {WIDGET_VIEW: {"model_id": "box"},
@@ -205,6 +305,32 @@ def test_a_saved_progress_widget_is_caught_through_its_children(tmp_path):
     path.write_text(json.dumps(PROGRESS_WIDGET))
     with pytest.raises(pytest.fail.Exception, match="progress-bar widget"):
         test_no_progress_bars_in_outputs(path)
+
+
+@pytest.mark.parametrize("text", ["as one of the seed articles puts it", "the seeds' argument holds",
+                                  "That is the seed's advice", "as the seeds say", "checked the issue's goal",
+                                  "The issue that commissioned this lesson", "this ticket asks"])
+def test_process_words_are_caught(text, tmp_path):
+    path = tmp_path / "words.md"
+    path.write_text(f"Some prose.\n{text}, and more prose.\n")
+    assert process_words(path), text
+
+
+def test_citations_and_random_seeds_are_not_process_words(tmp_path):
+    path = tmp_path / "fine.md"
+    path.write_text("This is a known issue in vLLM #27433; see the issue at github.com/vllm-project/vllm/issues/1.\n"
+                    "Over seeds 0..n-1, with seed=0, the seeds (0, 1, 2) and a seed, the draft issues 4 tokens.\n")
+    assert process_words(path) == []
+
+
+def test_a_stale_plan_is_caught(tmp_path):
+    plan = tmp_path / "00_start_here.ipynb"
+    plan.write_text(json.dumps({**_notebook([]), "cells": [{"cell_type": "markdown", "metadata": {}, "source": [
+        "## The plan\n", "| 01 | [One](01_one.ipynb) | x |\n", "| 03 | [Gone](03_gone.ipynb) | x |\n"]}]}))
+    lessons = [plan, tmp_path / "01_one.ipynb", tmp_path / "02_two.ipynb"]
+    assert plan_problems(plan, lessons) == ["02_two.ipynb is not in the plan",
+                                            "the plan links 03_gone.ipynb, which is not in course/"]
+    assert plan_problems(plan, lessons[:2] + [tmp_path / "03_gone.ipynb"]) == []
 
 
 def test_clean_outputs_pass(tmp_path):
