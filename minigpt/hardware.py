@@ -19,6 +19,7 @@ import torch
 from .cache import KVCache
 from .device import time_call
 from .model import GPT, GPTConfig, evaluating
+from .verdict import paired_ratios, ratio_interval
 
 # GPT-2-style shapes from tiny to GPT-2-medium-sized, all with our 4096-token vocabulary. The position table
 # is 1024 long (not the shipped models' 256) so a single pass can hold 512 new tokens after a cached prefix;
@@ -127,20 +128,35 @@ def forward_time_sweep(model: GPT, shapes: list[tuple[int, int]], cached: int = 
     return runs
 
 
-def forward_time_rounds(passes: dict[str, tuple[GPT, int, int]], cached: int = 0, repeat: int = 5,
-                        warmup: int = 1) -> dict[str, list[float]]:
-    """Seconds of ``repeat`` rounds of named passes, ``{name: (model, n_tokens, batch_size)}``, possibly of
-    different models: each round times every pass once (after ``warmup`` untimed passes of it), in order.
+def forward_time_rounds(passes: dict, cached: int = 0, repeat: int = 5, warmup: int = 1) -> dict[object, list[float]]:
+    """Seconds of ``repeat`` rounds of named passes, ``{name: (model, n_tokens, batch_size)}`` or ``{name: (model,
+    n_tokens, batch_size, threads)}``, possibly of different models: each round times every pass once (after
+    ``warmup`` untimed passes of it), in order. ``threads``: the CPU threads torch may use for that pass (set
+    before it, and the previous setting restored after the rounds).
 
     Repeat i of every pass then comes from the same round, so a ratio of two passes can be taken round by round
-    (:func:`minigpt.verdict.paired_ratios`): a load that slows a whole round slows both of its times and cancels,
-    which the ratio of two fastest repeats, taken from different rounds, cannot promise."""
-    runs: dict[str, list[float]] = {name: [] for name in passes}
-    for _ in range(repeat):
-        for name, (model, n_tokens, batch_size) in passes.items():
-            runs[name].append(forward_time(model, n_tokens, batch_size=batch_size, cached=cached, repeat=1,
-                                           warmup=warmup))
+    (:func:`round_ratio`): a load that slows a whole round slows both of its times and cancels, which the ratio of
+    two fastest repeats, taken from different rounds, cannot promise."""
+    runs: dict[object, list[float]] = {name: [] for name in passes}
+    before = torch.get_num_threads()
+    try:
+        for _ in range(repeat):
+            for name, (model, n_tokens, batch_size, *threads) in passes.items():
+                if threads and threads[0] is not None:
+                    torch.set_num_threads(threads[0])
+                runs[name].append(forward_time(model, n_tokens, batch_size=batch_size, cached=cached, repeat=1,
+                                               warmup=warmup))
+    finally:
+        torch.set_num_threads(before)
     return runs
+
+
+def round_ratio(numerator: list[float], denominator: list[float]) -> tuple[float, float, float]:
+    """``(median, low, high)`` of the per-round ratios of two passes' times from :func:`forward_time_rounds`:
+    the median, and the interval that holds it with 90% probability (:func:`minigpt.verdict.ratio_interval`; the
+    range for 5-7 rounds). E.g. r(k) = ``round_ratio(runs[k tokens], runs[1 token])``."""
+    ratios = paired_ratios(numerator, denominator)
+    return (statistics.median(ratios), *ratio_interval(ratios))
 
 
 def count_torch_calls(model: GPT, n_tokens: int = 1) -> int:

@@ -73,6 +73,28 @@ def test_rounds_time_named_passes_of_several_models_round_by_round():
         hardware.forward_time_rounds({"too long": (tiny, 2000, 1)}, repeat=1)
 
 
+def test_rounds_set_each_pass_threads_and_restore_them():
+    tiny = hardware.model_of_size("tiny")
+    seen = []
+    real_forward_time = hardware.forward_time
+    try:
+        hardware.forward_time = lambda *a, **k: seen.append(torch.get_num_threads()) or 1.0
+        before = torch.get_num_threads()
+        hardware.forward_time_rounds({"one": (tiny, 1, 1, 1), "two": (tiny, 1, 1, 2), "as is": (tiny, 1, 1)}, repeat=2)
+    finally:
+        hardware.forward_time = real_forward_time
+    assert seen == [1, 2, 2, 1, 2, 2] and torch.get_num_threads() == before
+
+
+def test_round_ratio_takes_ratios_within_rounds():
+    # round 3 is slowed 3x for both passes: per-round ratios ignore it, the fastest-of-each ratio would not
+    num, den = [2.0, 2.2, 6.0, 2.1, 2.0], [1.0, 1.1, 3.0, 1.05, 1.0]
+    med, lo, hi = hardware.round_ratio(num, den)
+    assert med == pytest.approx(2.0) and lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
+    med, lo, hi = hardware.round_ratio([1.0, 2.0, 3.0, 4.0, 5.0], [1.0] * 5)
+    assert (med, lo, hi) == (3.0, 1.0, 5.0)
+
+
 def test_forward_time_keeps_the_training_flag():
     model = hardware.model_of_size("tiny").train()
     hardware.forward_time(model, 2, repeat=1)
