@@ -11,7 +11,11 @@ import time
 
 import torch
 
-from .verdict import twin_of
+
+def twin_of(label: str) -> str:
+    """The label under which :func:`time_rotating` (``aa=label``) times ``label``'s A/A twin: the same call timed a
+    second time in every round, the control :mod:`minigpt.verdict` judges a verdict against."""
+    return f"{label} (A/A)"
 
 
 def get_device() -> torch.device:
@@ -58,7 +62,7 @@ def time_rotating(fns: dict, device, repeat: int = 5, warmup: int = 1, aa: str |
     """Time several competing calls fairly: ``fns`` = {label: fn}; every repeat calls each ``fn()`` once, in an
     order that rotates from repeat to repeat, so a change in the machine's load hits all of them alike.
     ``aa``: a label (the baseline, e.g. "plain") to time twice per repeat, the second time under
-    :func:`minigpt.verdict.twin_of` ``(aa)``: the A/A control a verdict is judged against.
+    :func:`twin_of` ``(aa)``: the A/A control a verdict is judged against.
 
     Each call is synchronised on ``device`` before and after the clock is read. Returns (seconds, results):
     ``seconds[label]`` is the list of ``repeat`` timings, ``results[label]`` what the first timed call returned.
@@ -77,7 +81,7 @@ def time_rotating_over(fns: dict, inputs: list, device, repeat: int = 5, warmup:
     load hits all of them alike. First ``warmup`` untimed rounds: each fn once on the first input.
 
     ``aa``: the label of the baseline to time twice in every round, the second time as its A/A twin
-    (:func:`minigpt.verdict.twin_of`, e.g. "plain (A/A)", returned after the other labels). The twin sits half
+    (:func:`twin_of`, e.g. "plain (A/A)", returned after the other labels). The twin sits half
     way round the cycle from the baseline, so it is as near to or far from it as a typical method is.
 
     Each call is synchronised on ``device`` before and after the clock is read. Returns (seconds, results):

@@ -35,14 +35,11 @@ from __future__ import annotations
 from math import comb
 from typing import Sequence
 
+from .device import twin_of
+
 MIN_REPEATS = 5
 COVERAGE = 0.90   # the probability that a ratio interval holds the median ratio (step 3)
 TOO_FEW = "too few repeats"
-
-
-def twin_of(label: str) -> str:
-    """The label under which :func:`minigpt.device.time_rotating` (``aa=label``) times ``label``'s A/A twin."""
-    return f"{label} (A/A)"
 
 
 def _per_repeat(times: Sequence) -> list[float]:
