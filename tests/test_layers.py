@@ -16,7 +16,7 @@ LAYERS = [
     ("data and training", ["data", "prompts", "training"]),
     ("the real-model track", ["real"]),
     ("measurement", ["exactness", "verdict", "roofline", "hardware", "overlap", "card", "peers", "engines", "bench"]),
-    ("course support", ["plots", "grade", "grading"]),
+    ("course support", ["plots", "grade", "grading", "colab"]),
 ]
 # imported inside functions on purpose: optional extras (pip install -e ".[real]", ".[peers]", ".[test]"), so
 # that the package works without them
