@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .cache import KVCache
+from .cache import KVCache, causal_layout
 from .paged import PagedBatch
 
 
@@ -136,12 +136,9 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                cache: KVCache | None = None, layer: int = 0,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """x: (B, T, C). mask: None for plain causal attention, else a bool (T, S) matrix, True where a new
-        token may attend, over the S = cached + T keys. rope: the (cos, sin) of :func:`rotary_angles` for the
-        new tokens' positions, required by a model with rotary positions. Returns (B, T, C)."""
+    def qkv(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """The new tokens' queries (B, n_head, T, hs), keys and values (B, n_kv_head, T, hs), rotated if the model
+        uses rotary positions."""
         B, T, C = x.shape
         hs = self.head_size
         q, k, v = self.c_attn(x).split([self.n_head * hs, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
@@ -153,6 +150,16 @@ class CausalSelfAttention(nn.Module):
             if rope is None:
                 raise ValueError("this model uses rotary positions: pass rope=model.rotary(position_ids)")
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                cache: KVCache | None = None, layer: int = 0,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x: (B, T, C). mask: None for plain causal attention, else a bool (T, S) matrix, True where a new
+        token may attend, over the S = cached + T keys. rope: the (cos, sin) of :func:`rotary_angles` for the
+        new tokens' positions, required by a model with rotary positions. Returns (B, T, C)."""
+        B, T, C = x.shape
+        q, k, v = self.qkv(x, rope)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, n_kv_head, S, hs), S = cached + T (keys already rotated)
         if self.n_kv_head != self.n_head:
@@ -319,32 +326,12 @@ class GPT(nn.Module):
             raise ValueError(f"cache holds batch size {cache.batch_size} but idx has batch size {B}")
         if T == 0:
             raise ValueError("idx holds no tokens")
-        if isinstance(cache, PagedBatch):
-            return self._paged_hidden_states(idx, cache, position_ids, attn_mask)
-        past = cache.length if cache is not None else 0
-        if position_ids is None:
-            # the usual case, checked with plain integers: reading a tensor's min/max would cost two reductions
-            # and two waits for the device on every decoding step
-            first, last = past, past + T - 1
-        elif position_ids.shape != (T,):
-            raise ValueError(f"position_ids must have shape ({T},), got {tuple(position_ids.shape)}")
-        else:
-            first, last = int(position_ids.min()), int(position_ids.max())
-        self._check_positions(first, last)
-
-        mask = None
-        if attn_mask is not None:
-            if attn_mask.shape != (T, T) or attn_mask.dtype != torch.bool:
-                raise ValueError(f"attn_mask must be a bool ({T}, {T}) tensor, got {attn_mask.dtype} "
-                                 f"{tuple(attn_mask.shape)}")
-            mask = attn_mask
-        elif cache is not None and T > 1:
-            mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
-        if mask is not None and past > 0:
-            # every new token sees every cached position: (T, past + T)
-            mask = torch.cat([torch.ones(T, past, dtype=torch.bool, device=idx.device), mask], dim=1)
-
-        return self._blocks(*self._embed(idx, position_ids, past), mask, cache)
+        # the cache says where the new tokens sit and what each may see; the contiguous cache and the paged batch
+        # answer alike (begin -> Layout), so nothing below asks which one it has
+        layout = (cache.begin(T, position_ids, attn_mask) if cache is not None
+                  else causal_layout(T, 0, position_ids, attn_mask, idx.device, cached=False))
+        self._check_positions(*layout.span(T))
+        return self._blocks(*self._embed(idx, layout.positions, layout.past), layout.mask, cache)
 
     def _check_positions(self, first: int, last: int) -> None:
         if first < 0:
@@ -373,13 +360,6 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(x.shape[1])
         return self.transformer.ln_f(x)
-
-    def _paged_hidden_states(self, idx: torch.Tensor, cache: PagedBatch, position_ids, attn_mask) -> torch.Tensor:
-        """:meth:`hidden_states` for B sequences of different lengths on a paged cache: each new token has its
-        own sequence's position and sees its own sequence's keys only (the mask :meth:`PagedBatch.begin` builds)."""
-        position_ids, mask = cache.begin(idx.shape[1], position_ids, attn_mask)   # (B, T) and (B, 1, T, S)
-        self._check_positions(int(position_ids.min()), int(position_ids.max()))
-        return self._blocks(*self._embed(idx, position_ids), mask, cache)
 
 
 def early_exit_draft(model: GPT, n_layers: int) -> GPT:

@@ -1,0 +1,258 @@
+"""Reduced-precision weights, and a batch-invariant path that keeps speculative decoding exact with them.
+
+Speculative decoding is exact only if scoring k tokens in one pass gives the logits of k one-token passes
+(Lesson 04's argument assumes it; Lesson 13 measured where it fails). A kernel may pick another reduction order
+for another shape, and rounding then depends on the shape: in fp32 the difference stays at rounding level, but
+at reduced precision it can flip a near-tie, and the speculative output leaves the model's own plain output.
+
+:func:`reduce_precision` gives a model whose every pass is **batch-invariant**: row i of a pass over k tokens is
+computed by the same arithmetic, in the same order, as the one-token pass at that position, so the logits are
+bitwise equal for every k. Each part that reduces is made shape-independent:
+
+* **linear layers** run through kernels whose per-row reduction order does not depend on the number of rows,
+  checked on the running build by :func:`invariant_piece`: PyTorch's weight-only int4 CPU kernel, and its bf16
+  matmul over slices of the input dimension narrow enough (on a CPU a bf16 matmul over 1536 inputs changes its
+  order with the row count; over 512 it does not), summed in fp32 in a fixed order. An fp32 matmul is *not*
+  row-invariant: one row goes through a matrix-vector kernel;
+* **attention** (:class:`InvariantAttention`) reduces every query over a key axis whose length depends only on
+  that query's own position (rounded up to a multiple of ``bucket``), with its keys laid out from position 0
+  in order; a token tree's node gathers its ancestors' keys into that layout. Positions beyond the query's
+  keys are masked to exactly zero weight. Scores and the weighted sum run in bf16, the softmax in fp32;
+* **norms**, activations and residual additions work row by row, element by element.
+
+Precisions: ``"fp32"`` (the course's model, unchanged), ``"bf16"`` (bf16 weights) and ``"int4"`` (4-bit weights
+in groups of 32 with a step and a minimum per group, the layout of the GGUF's Q4_1 blocks, through
+``torch.ops.aten._weight_int4pack_mm_for_cpu``). Passes wider than ``max_rows`` (a long prompt's prefill) take
+the ordinary attention: both a plain and a speculative run prefill the same prompt the same way.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .cache import KVCache
+from .model import GPT, CausalSelfAttention
+
+PRECISIONS = ("fp32", "bf16", "int4")
+
+
+def int4_groups(weight: torch.Tensor, group: int = 32):
+    """4-bit integers 0..15 with a step and a minimum per group of ``group`` inputs (Q4_1's layout):
+    (q (N, K) int32, step (N, K / group), minimum (N, K / group)), weight ~ q * step + minimum. On weights
+    dequantised from Q4_1 this recovers the file's own integers (a block's minimum is q = 0, its maximum q = 15)."""
+    N, K = weight.shape
+    if K % group:
+        raise ValueError(f"int4 groups of {group} need an input width divisible by {group}, got {K}")
+    w = weight.reshape(N, K // group, group)
+    lo, hi = w.amin(-1), w.amax(-1)
+    step = ((hi - lo) / 15).clamp(min=1e-12)
+    q = torch.round((w - lo[..., None]) / step[..., None]).clamp(0, 15).to(torch.int32)
+    return q.reshape(N, K), step, lo
+
+
+# Row counts at which a kernel is checked to give every row exactly as a one-row call does.
+CHECK_ROWS = (2, 3, 5, 8, 9, 16, 17, 32, 33, 64)
+_invariant_pieces: dict[tuple[str, int], int | None] = {}
+
+
+def _rows_agree(fn, width: int, g: torch.Generator) -> bool:
+    """Whether ``fn`` (rows, width) -> (rows, n) gives every row as it gives that row alone, at CHECK_ROWS."""
+    with torch.no_grad():
+        for k in CHECK_ROWS:
+            x = torch.randn(k, width, generator=g)
+            if not torch.equal(fn(x), torch.cat([fn(x[i:i + 1]) for i in range(k)])):
+                return False
+    return True
+
+
+def invariant_piece(kind: str, width: int) -> int | None:
+    """The widest slice of the input dimension (``width`` itself, else for bf16 a divisor that is a multiple of 32)
+    over which this build's ``kind`` kernel ("bf16" matmul or "int4") reduces every row the same way whatever
+    the number of rows; None if no slice does. Checked once per (kind, width) on random data: a bf16 matmul on
+    a CPU, for one, changes its reduction order with the row count above some input widths."""
+    key = (kind, width)
+    if key not in _invariant_pieces:
+        g = torch.Generator().manual_seed(0)
+        _invariant_pieces[key] = None
+        pieces = [width] if kind == "int4" else sorted((p for p in range(32, width + 1, 32) if width % p == 0),
+                                                       reverse=True)
+        for piece in pieces:
+            w = nn.Linear(piece, 64, bias=False)
+            nn.init.normal_(w.weight, generator=g)
+            layer = Bf16Linear(w, piece) if kind == "bf16" else Int4Linear(w)
+            if _rows_agree(layer, piece, g):
+                _invariant_pieces[key] = piece
+                break
+    return _invariant_pieces[key]
+
+
+class Bf16Linear(nn.Module):
+    """x @ W.T + b with W in bf16: the input cast to bf16, the products of each ``piece`` of the input dimension
+    (default: all of it) taken in bf16 and summed in fp32 in a fixed order, the output in the input's dtype."""
+
+    def __init__(self, linear: nn.Linear, piece: int | None = None):
+        super().__init__()
+        self.weight = linear.weight.detach().to(torch.bfloat16)
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        self.piece = piece or self.weight.shape[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        K = self.weight.shape[1]
+        y = sum(F.linear(xb[..., a:a + self.piece], self.weight[:, a:a + self.piece]).float()
+                for a in range(0, K, self.piece))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
+
+class Int4Linear(nn.Module):
+    """x @ W.T + b with W as 4-bit groups of 32 (:func:`int4_groups`), through torch's weight-only int4 CPU
+    kernel (bf16 input and output; the output is cast back to the input's dtype)."""
+
+    def __init__(self, linear: nn.Linear, group: int = 32):
+        super().__init__()
+        q, step, lo = int4_groups(linear.weight.detach().float().cpu(), group)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # two 4-bit values per byte
+        # torch's convention per group: w = (q - 8) * scale + zero; ours: w = q * step + minimum
+        self.scales_and_zeros = torch.stack([step, lo + 8 * step], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        self.group, self.out_features = group, linear.weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.packed,
+                                                        self.group, self.scales_and_zeros).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of every tensor the model's passes read as weights (parameters, packed weights, scales)."""
+    seen, total = set(), 0
+    for m in model.modules():
+        tensors = list(m.parameters(recurse=False)) + [t for t in vars(m).values() if isinstance(t, torch.Tensor)]
+        for t in tensors:
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+    return total
+
+
+_last_keys: list = [None, None]  # (mask, start) of the last pass and its key lists: every layer asks the same
+
+
+def _key_lists(mask: torch.Tensor | None, start: int) -> list[list[int]]:
+    """For each new token of a pass, the cache indices of the keys it may see (its own included), in order."""
+    if mask is None:                       # one new token after the cache: it sees everything
+        return [list(range(start + 1))]
+    if _last_keys[0] is not None and _last_keys[0][0] is mask and _last_keys[0][1] == start:
+        return _last_keys[1]
+    keys = [row.nonzero().flatten().tolist() for row in mask.cpu()]
+    _last_keys[:] = [(mask, start), keys]
+    return keys
+
+
+class InvariantAttention(CausalSelfAttention):
+    """Attention whose result for a query depends only on that query and its keys, never on the pass's shape
+    (see the module docstring). ``bucket``: the key axis of a query at position p has ceil((p + 1) / bucket) *
+    bucket slots; ``max_rows``: wider passes (prefills) use the ordinary attention."""
+    bucket: int = 128
+    max_rows: int = 64
+
+    def forward(self, x, mask=None, cache=None, layer=0, rope=None):
+        if not isinstance(cache, KVCache) or x.shape[1] > self.max_rows:
+            return super().forward(x, mask, cache, layer, rope)
+        B, T, C = x.shape
+        q, k, v = self.qkv(x, rope)
+        start = cache.length
+        cache.update(layer, k, v)
+        K, V = cache.k[layer], cache.v[layer]                      # (B, n_kv, max_len, hs): the whole buffer
+        keys = _key_lists(mask, start)                             # per row: its keys' cache indices, in order
+        g, hs = self.n_head // self.n_kv_head, self.head_size
+        y = torch.empty(B, self.n_head, T, hs, dtype=torch.bfloat16, device=x.device)
+        qb = q.to(torch.bfloat16).view(B, self.n_kv_head, g, T, hs)
+        groups: dict[int, list[int]] = {}                          # contiguous rows, by key-axis length
+        for r, idx in enumerate(keys):
+            n = len(idx)
+            if idx[-1] == n - 1:                                   # keys 0 .. n-1: the cache's own layout
+                groups.setdefault(self._slots(n, cache.max_len), []).append(r)
+            else:                                                  # a tree node: gather its keys in order
+                L = self._slots(n, cache.max_len)
+                sel = torch.zeros(L, dtype=torch.long, device=x.device)
+                sel[:n] = torch.as_tensor(idx, device=x.device)
+                y[:, :, r] = self._attend(qb[:, :, :, [r]], K.index_select(2, sel), V.index_select(2, sel),
+                                          torch.tensor([n], device=x.device)).reshape(B, self.n_head, hs)
+        for L, rows in groups.items():
+            lengths = torch.tensor([len(keys[r]) for r in rows], device=x.device)
+            out = self._attend(qb[:, :, :, rows], K[:, :, :L], V[:, :, :L], lengths)   # (B, n_kv, g, m, hs)
+            y[:, :, rows] = out.reshape(B, self.n_head, len(rows), hs)
+        y = y.to(x.dtype).transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+    def _slots(self, n: int, max_len: int) -> int:
+        return min(math.ceil(n / self.bucket) * self.bucket, max_len)
+
+    def _attend(self, q, K, V, lengths):
+        """q (B, n_kv, g, m, hs) bf16 against the first slots of K, V (B, n_kv, L, hs); row i sees its first
+        ``lengths[i]`` slots. Returns (B, n_kv, g, m, hs) bf16."""
+        B, H, g, m, hs = q.shape
+        L = K.shape[2]
+        Kb, Vb = K.to(torch.bfloat16), V.to(torch.bfloat16)
+        scores = q.reshape(B, H, g * m, hs) @ Kb.transpose(-1, -2)                 # (B, n_kv, g * m, L)
+        scores = scores.float() / math.sqrt(hs)
+        seen = torch.arange(L, device=q.device)[None, :] < lengths[:, None]       # (m, L)
+        scores = scores.masked_fill(~seen.repeat(g, 1), float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(torch.bfloat16)
+        return (probs @ Vb).reshape(B, H, g, m, hs)
+
+
+def reduce_precision(model: GPT, precision: str, invariant: bool = True) -> GPT:
+    """A copy of ``model`` with its linear layers (and the output layer) in ``precision`` ("bf16" or "int4";
+    "fp32" returns the model itself) and, with ``invariant``, every attention layer an
+    :class:`InvariantAttention`. The embeddings, norms and KV cache stay in the model's dtype. CPU only: the int4
+    kernel is PyTorch's CPU kernel. A bf16 layer sums its input dimension in the widest pieces this build
+    reduces row-invariantly (:func:`invariant_piece`). ``model.precision`` and ``model.batch_invariant`` record
+    what was built (batch_invariant is False when a kernel of this build failed the check)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "fp32":
+        model.precision, model.batch_invariant = "fp32", False
+        return model
+    if model.device.type != "cpu":
+        raise ValueError(f"the {precision} path uses PyTorch's CPU kernels: move the model to the CPU first")
+    out = copy.deepcopy(model).float().eval()
+    invariant_kernels = True
+    for module in list(out.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                width = child.weight.shape[1]
+                piece = invariant_piece(precision, width) if invariant else None
+                invariant_kernels &= piece is not None
+                setattr(module, name, Bf16Linear(child, piece) if precision == "bf16" else Int4Linear(child))
+            elif invariant and type(child) is CausalSelfAttention:
+                child.__class__ = InvariantAttention
+    for p in out.parameters():
+        p.requires_grad_(False)
+    out.precision = precision
+    out.batch_invariant = invariant and invariant_kernels
+    return out
+
+
+@torch.no_grad()
+def batch_consistency(model: GPT, prefix: list[int], tokens: list[int]) -> dict:
+    """Score ``tokens`` after ``prefix`` in one pass and again one token per pass (same prefill): the largest
+    absolute difference of the logits, whether they are bitwise equal, and how many argmaxes differ."""
+    dev = model.device
+    runs = []
+    for chunks in ([tokens], [[t] for t in tokens]):
+        cache = KVCache.for_model(model, max_len=len(prefix) + len(tokens) + 1)
+        model(torch.tensor([prefix], device=dev), cache=cache)
+        runs.append(torch.cat([model(torch.tensor([c], device=dev), cache=cache)[0] for c in chunks]))
+    one, steps = runs
+    return dict(max_diff=float((one.float() - steps.float()).abs().max()), bitwise=bool(torch.equal(one, steps)),
+                argmax_differs=int((one.argmax(-1) != steps.argmax(-1)).sum()))

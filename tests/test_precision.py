@@ -1,0 +1,130 @@
+"""Reduced precision (minigpt.precision): a pass over k tokens gives bitwise the logits of k one-token passes on the
+batch-invariant path, so speculative greedy output equals the same precision's plain output; and the ordinary
+reduced-precision path does not have that property (SmolLM2, when its file is here)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import random_model
+from minigpt.cache import KVCache
+from minigpt.decoding.candidates import Proposal
+from minigpt.decoding.chain import Chain
+from minigpt.decoding.lookup import Lookup, LookupTree
+from minigpt.decoding.plain import generate
+from minigpt.decoding.session import decode
+from minigpt.precision import (InvariantAttention, batch_consistency, int4_groups, invariant_piece,
+                               reduce_precision)
+
+# widths that the int4 kernel's groups of 32 divide; both architectures
+ARCH = {"gpt2": dict(n_embd=64, n_head=4), "llama": dict(n_embd=64, n_head=4, norm="rmsnorm", pos="rope",
+                                                        mlp="swiglu", mlp_hidden=192, n_kv_head=2, bias=False)}
+
+
+def _model(arch: str, seed: int = 0):
+    return random_model(seed, vocab_size=96, block_size=160, **ARCH[arch])
+
+
+def test_int4_groups_recover_q4_blocks_exactly():
+    """Weights that are q * step + minimum per group of 32 (as Q4_1 dequantises) give back the same integers."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (8, 64), generator=g)
+    q[:, ::32] = 0
+    q[:, 1::32] = 15                       # every block holds its minimum and maximum, as Q4_1's do
+    step = torch.rand(8, 2, generator=g) + 0.1
+    lo = torch.randn(8, 2, generator=g)
+    w = (q.reshape(8, 2, 32) * step[..., None] + lo[..., None]).reshape(8, 64)
+    q2, step2, lo2 = int4_groups(w)
+    assert torch.equal(q2, q.to(torch.int32))
+    assert torch.allclose(step2, step) and torch.allclose(lo2, lo)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int4"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_k_tokens_in_one_pass_are_bitwise_k_single_steps(arch, precision):
+    """For every k a decoder uses (1 .. 32), after caches of several lengths."""
+    model = reduce_precision(_model(arch), precision)
+    assert model.batch_invariant and model.precision == precision
+    g = torch.Generator().manual_seed(1)
+    for prefix_len in (1, 7, 100):
+        prefix = torch.randint(0, 96, (prefix_len,), generator=g).tolist()
+        for k in (1, 2, 3, 5, 8, 16, 17, 32):
+            tokens = torch.randint(0, 96, (k,), generator=g).tolist()
+            r = batch_consistency(model, prefix, tokens)
+            assert r["bitwise"], (arch, precision, prefix_len, k, r)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int4"])
+def test_a_tree_pass_is_bitwise_single_steps_along_each_path(precision):
+    """A token tree (siblings share a position) scored in one pass: each node's logits equal those of plain
+    one-token steps along the path from the root to it."""
+    model = reduce_precision(_model("llama"), precision)
+    prefix = list(range(3, 40))
+    tokens, parents = [7, 11, 12, 13, 14, 15], [-1, 0, 0, 1, 3, 2]   # root 7; paths 7-11-13-14 and 7-12-15
+    prop = Proposal(tokens, parents)
+    with torch.no_grad():
+        cache = KVCache.for_model(model, max_len=80)
+        model(torch.tensor([prefix]), cache=cache)
+        tree = model(torch.tensor([tokens]), cache=cache, position_ids=prop.position_ids(cache.length),
+                     attn_mask=prop.attention_mask())[0]
+        for leaf in (4, 5):
+            path = [leaf]
+            while parents[path[-1]] > 0:
+                path.append(parents[path[-1]])
+            path = [0] + path[::-1]
+            cache = KVCache.for_model(model, max_len=80)
+            model(torch.tensor([prefix]), cache=cache)
+            for node in path:
+                step = model(torch.tensor([[tokens[node]]]), cache=cache)[0, -1]
+                assert torch.equal(step, tree[node]), (precision, node)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int4"])
+def test_speculative_greedy_output_is_the_same_precisions_plain_output(precision):
+    target = reduce_precision(_model("llama", 3), precision)
+    draft = reduce_precision(_model("llama", 4), precision)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        prompt = torch.randint(0, 96, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist()
+        prompt = prompt + prompt[:8]
+        plain = generate(target, prompt, 48)
+        for proposer in (Lookup(2, 16), LookupTree(2, 8), Chain(draft, 5)):
+            assert decode(target, prompt, 48, proposer)[0] == plain, type(proposer).__name__
+
+
+def test_the_piece_check_finds_a_row_invariant_width():
+    for width in (64, 576, 1536):
+        piece = invariant_piece("bf16", width)
+        assert piece is not None and width % piece == 0
+
+
+def test_bad_precision_is_one_line():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        reduce_precision(_model("gpt2"), "int3")
+
+
+def test_fp32_is_the_model_itself_and_not_called_invariant():
+    model = _model("gpt2")
+    assert reduce_precision(model, "fp32") is model and model.batch_invariant is False
+
+
+def test_the_attention_swap_leaves_the_original_model_alone():
+    model = _model("gpt2")
+    reduce_precision(model, "int4")
+    assert not any(isinstance(m, InvariantAttention) for m in model.modules())
+
+
+@pytest.mark.slow
+def test_the_ordinary_int4_path_is_not_batch_invariant_on_smollm2():
+    """The reason for the invariant path: on SmolLM2, 17 tokens in one pass through the ordinary int4 model
+    (fp32 attention whose reduction follows the key count) give other logits than 17 single steps, and the
+    invariant path gives the same bits."""
+    smollm = pytest.importorskip("minigpt.real.smollm")
+    if not smollm.gguf_available():
+        pytest.skip("SmolLM2's file is not here: python -m minigpt.real.smollm fetch")
+    base = smollm.load_smollm("cpu")
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, 49152, (200,), generator=g).tolist()
+    tokens = torch.randint(0, 49152, (17,), generator=g).tolist()
+    assert not batch_consistency(reduce_precision(base, "int4", invariant=False), prefix, tokens)["bitwise"]
+    assert batch_consistency(reduce_precision(base, "int4"), prefix, tokens)["bitwise"]
