@@ -15,7 +15,7 @@ LAYERS = [
     ("decoding", ["decoding"]),
     ("data and training", ["data", "prompts", "training"]),
     ("the real-model track", ["real"]),
-    ("measurement", ["exactness", "verdict", "roofline", "hardware", "overlap", "card", "peers", "engines", "bench"]),
+    ("measurement", ["exactness", "verdict", "roofline", "hardware", "overlap", "costs", "card", "peers", "engines", "bench"]),
     ("course support", ["plots", "grade", "grading", "colab"]),
 ]
 # imported inside functions on purpose: optional extras (pip install -e ".[real]", ".[peers]", ".[test]"), so
