@@ -11,11 +11,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minigpt"
 
 # lowest first; a module belongs to the first layer with a matching prefix
 LAYERS = [
-    ("model and its parts", ["device", "model", "cache", "paged", "sampling", "tokenizer", "medusa_heads", "eagle_head", "checkpoint"]),
+    ("model and its parts", ["device", "model", "cache", "paged", "sampling", "tokenizer", "medusa_heads", "eagle_head", "checkpoint", "quant", "precision"]),
     ("decoding", ["decoding"]),
     ("data and training", ["data", "prompts", "training"]),
     ("the real-model track", ["real"]),
-    ("measurement", ["exactness", "verdict", "roofline", "hardware", "overlap", "costs", "card", "peers", "engines", "bench"]),
+    ("measurement", ["exactness", "quality", "verdict", "roofline", "hardware", "overlap", "costs", "card", "peers", "engines", "batch_costs", "engine_compare", "bench"]),
     ("course support", ["plots", "grade", "grading", "colab"]),
 ]
 # imported inside functions on purpose: optional extras (pip install -e ".[real]", ".[peers]", ".[test]"), so

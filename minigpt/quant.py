@@ -1,0 +1,134 @@
+"""Weight-only low-precision linear layers on the CPU: the same ``x @ W.T`` reading fewer bytes per weight.
+
+A decoding step of a small model reads every weight once (Lesson 03), so storing the weights in fewer bytes can
+make it faster, if a kernel computes with them directly. Three formats, each through a kernel of PyTorch:
+
+* :class:`Bf16Linear` -- 2 bytes per weight, PyTorch's ordinary matmul in bf16;
+* :class:`Int8Linear` -- 1 byte per weight and one scale per output row (:func:`int8_rows`), through the
+  private operator ``aten::_weight_int8pack_mm``; the input is cast to ``act`` first, and which kernel runs
+  depends on that dtype;
+* :class:`Int4Linear` -- 4 bits per weight in groups of 32 inputs with a bf16 step and zero point per group
+  (:func:`int4_groups`, GGUF's Q4_1 layout: 0.625 bytes per weight), through ``aten::_weight_int4pack_mm_for_cpu``.
+
+The int8 and int4 operators are private (the leading underscore): they carry no stability promise, so
+:func:`kernel_schemas` shows what this PyTorch has before a lesson relies on them. :func:`int4_everywhere` puts
+every linear layer of a :class:`~minigpt.model.GPT` (its output layer too) through the int4 kernel. None of these
+is the course's exact path: they change the logits, and with them, at near-ties, the greedy text.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .model import GPT
+
+KERNELS = ("_weight_int8pack_mm", "_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu")
+
+
+def kernel_schemas() -> list[str]:
+    """The signature of each private operator in :data:`KERNELS` on this PyTorch, or one line saying it is not
+    callable here."""
+    lines = []
+    for op in KERNELS:
+        try:
+            lines.append(str(getattr(torch.ops.aten, op).default._schema))
+        except (AttributeError, RuntimeError) as e:
+            lines.append(f"{op}: not callable in torch {torch.__version__}: {str(e).splitlines()[0]}")
+    return lines
+
+
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric 8-bit integers with one scale per output row: ``(q (N, K) int8, scale (N,))``,
+    ``weight ~ q * scale[:, None]``, ``|q| <= 127``."""
+    scale = weight.abs().amax(1).clamp(min=1e-12) / 127
+    return torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def int4_groups(weight: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """4-bit integers 0..15 with a step and a minimum per group of ``group`` inputs (Q4_1's layout):
+    ``(q (N, K) int32, step (N, K / group), minimum (N, K / group))``, ``weight ~ q * step + minimum``."""
+    N, K = weight.shape
+    if K % group:
+        raise ValueError(f"int4 groups of {group} need an input size divisible by {group}, got {K}")
+    w = weight.reshape(N, K // group, group)
+    lo, hi = w.amin(-1), w.amax(-1)
+    step = ((hi - lo) / 15).clamp(min=1e-12)
+    q = torch.round((w - lo[..., None]) / step[..., None]).clamp(0, 15).to(torch.int32)
+    return q.reshape(N, K), step, lo
+
+
+def repack_error(weight: torch.Tensor, group: int = 32) -> float:
+    """The largest change :func:`int4_groups` makes to a weight (before the step and minimum go to bf16): zero for
+    weights that already are 16 evenly spaced levels per group, such as a GGUF Q4_1 file's dequantised values."""
+    q, step, lo = int4_groups(weight.detach().float(), group)
+    back = q.reshape(step.shape + (-1,)) * step[..., None] + lo[..., None]
+    return (back.reshape(weight.shape) - weight.detach().float()).abs().max().item()
+
+
+class Bf16Linear(nn.Module):
+    """``x @ W.T`` with W in bf16 (the input cast to bf16, the output back to the input's dtype)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = weight.detach().to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
+
+
+class Int8Linear(nn.Module):
+    """``x @ W.T`` with W as int8 rows (:func:`int8_rows`), torch's weight-only int8 CPU kernel; ``act``: the
+    dtype the input is cast to (the kernel behind the operator is chosen by it)."""
+
+    def __init__(self, weight: torch.Tensor, act: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.q, scale = int8_rows(weight.detach().float())
+        self.scale, self.act = scale.to(act), act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).to(self.act), self.q, self.scale)
+        return y.reshape(*x.shape[:-1], -1).to(x.dtype)
+
+
+class Int4Linear(nn.Module):
+    """``x @ W.T`` with W as 4-bit groups (:func:`int4_groups`), torch's weight-only int4 CPU kernel (bf16 input
+    and output, the result cast back to the input's dtype)."""
+
+    def __init__(self, weight: torch.Tensor, group: int = 32):
+        super().__init__()
+        q, step, lo = int4_groups(weight.detach().float(), group)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)      # two 4-bit values per byte
+        # torch's convention per group: w = (q - 8) * scale + zero; ours: w = q * step + minimum
+        self.scales_and_zeros = torch.stack([step, lo + 8 * step], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.group, self.out_features = group, weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.packed,
+                                                        self.group, self.scales_and_zeros)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def weight_bytes_of(module: nn.Module) -> int:
+    """Bytes of the tensors a linear layer reads per pass: its parameters, or the packed weights, scales and zero
+    points a quantised layer keeps as plain attributes."""
+    return sum(t.numel() * t.element_size() for t in module.__dict__.values() if isinstance(t, torch.Tensor)) + \
+        sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def with_output_layer(model: GPT, head: nn.Module) -> GPT:
+    """The same model, its blocks shared (not copied), with ``head`` as its output layer."""
+    return GPT.sharing(model.config, model.transformer, head).eval()
+
+
+def int4_everywhere(model: GPT, group: int = 32) -> GPT:
+    """A copy of ``model`` whose every ``nn.Linear`` (the output layer too) runs through :class:`Int4Linear`;
+    norms, embeddings, attention and the KV cache stay as they are."""
+    m4 = GPT.sharing(model.config, copy.deepcopy(model.transformer), Int4Linear(model.lm_head.weight, group)).eval()
+    for module in list(m4.transformer.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, Int4Linear(child.weight, group))
+    return m4
