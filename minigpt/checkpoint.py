@@ -13,6 +13,7 @@ import torch
 
 from .device import get_device
 from .model import GPT, GPTConfig
+from .precision import reduce_precision
 
 PACKAGE_CHECKPOINTS = Path(__file__).parent / "checkpoints"
 PRETRAINED = ("target", "draft")
@@ -73,11 +74,15 @@ def load_model(path: str | Path, device: str | torch.device | None = None) -> GP
     return model.to(device or get_device()).eval()
 
 
-def load_pretrained(name: str = "target", device: str | torch.device | None = None) -> GPT:
-    """One of the models shipped with the package: ``"target"`` or ``"draft"``."""
+def load_pretrained(name: str = "target", device: str | torch.device | None = None,
+                    precision: str = "fp32") -> GPT:
+    """One of the models shipped with the package: ``"target"`` or ``"draft"``. ``precision``: "fp32" (as
+    trained), or "bf16" / "int4" weights on the batch-invariant path (:func:`minigpt.precision.reduce_precision`,
+    CPU only)."""
     if name not in PRETRAINED:
         raise ValueError(f"unknown pretrained model {name!r}; choose one of {', '.join(PRETRAINED)}")
-    return load_model(PACKAGE_CHECKPOINTS / f"{name}.pt", device)
+    model = load_model(PACKAGE_CHECKPOINTS / f"{name}.pt", device)
+    return reduce_precision(model, precision)
 
 
 def model_card() -> dict:

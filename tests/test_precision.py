@@ -128,3 +128,22 @@ def test_the_ordinary_int4_path_is_not_batch_invariant_on_smollm2():
     tokens = torch.randint(0, 49152, (17,), generator=g).tolist()
     assert not batch_consistency(reduce_precision(base, "int4", invariant=False), prefix, tokens)["bitwise"]
     assert batch_consistency(reduce_precision(base, "int4"), prefix, tokens)["bitwise"]
+
+
+def test_quality_measures_agreement_and_perplexity():
+    from minigpt.quality import greedy_agreement, perplexity
+    ref = _model("gpt2")
+    same = greedy_agreement(ref, ref, [[1, 2, 3], [4, 5]], 12)
+    assert same["identical"] == 2 and same["share_before_parting"] == 1.0
+    other = greedy_agreement(ref, _model("gpt2", seed=9), [[1, 2, 3], [4, 5]], 12)
+    assert other["identical"] < 2 and other["share_before_parting"] < 1.0
+    tokens = generate(ref, [1, 2, 3], 60)   # the model's own greedy text is likely under itself
+    assert perplexity(ref, tokens, window=30) < perplexity(_model("gpt2", seed=9), tokens, window=30)
+    with pytest.raises(ValueError, match="two tokens"):
+        perplexity(ref, [1])
+
+
+def test_loaders_take_a_precision():
+    import minigpt
+    model = minigpt.load_pretrained("draft", "cpu", precision="bf16")
+    assert model.precision == "bf16" and model.batch_invariant

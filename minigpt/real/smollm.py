@@ -43,6 +43,7 @@ from ..data import cache_dir
 from ..decoding import generate
 from ..device import get_device
 from ..model import GPT, GPTConfig
+from ..precision import reduce_precision
 from .chat import SPECULATE, Drafters, chat_loop, stream_answer
 from .loaders import (CHAT_GAMMA, EARLY_EXIT_LAYERS, LOOKUP_SETTINGS, SMOLLM2_DRAFT_CHECKPOINT,
                       SMOLLM2_MEDUSA_CHECKPOINT, load_smollm2_draft, load_smollm2_medusa)
@@ -218,10 +219,14 @@ def state_dict_from_gguf(reader, config: GPTConfig) -> dict[str, torch.Tensor]:
 
 
 def load_smollm(device: str | torch.device | None = None, dtype: torch.dtype = torch.float32,
-                block_size: int = 2048, path: str | Path | None = None) -> GPT:
+                block_size: int = 2048, path: str | Path | None = None, precision: str = "fp32") -> GPT:
     """SmolLM2-135M-Instruct as a minigpt :class:`GPT` in eval mode, on ``device`` (default
     :func:`minigpt.get_device`) in ``dtype``. ``block_size`` is the longest sequence it will be asked for
-    (the file allows 8192); KV caches are sized from it."""
+    (the file allows 8192); KV caches are sized from it. ``precision``: "fp32" (the file's weights dequantised),
+    or "bf16" / "int4" on the batch-invariant path (:func:`minigpt.precision.reduce_precision`; int4 packs the
+    file's own Q4_1 integers again; CPU only)."""
+    if precision != "fp32":
+        return reduce_precision(load_smollm("cpu", torch.float32, block_size, path), precision)
     reader = read_gguf(path)
     config = smollm_config(reader, block_size)
     model = GPT(config)
