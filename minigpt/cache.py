@@ -9,10 +9,57 @@ store them instead of recomputing them. Speculative decoding adds two operations
 
 Layout: one pre-allocated tensor for keys and one for values, each ``(n_layer, B, n_head, max_len, head_size)``.
 Appending writes into it in place; nothing is re-allocated while decoding.
+
+The model reads every cache through one interface, the same for this contiguous cache and for the paged batch of
+:mod:`minigpt.paged`: ``begin(T, position_ids, attn_mask)`` before a pass that appends ``T`` tokens (where they sit,
+what each may see: a :class:`Layout`), ``update(layer, k, v)`` in every layer, ``advance(T)`` after the last one.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+
+class Layout(NamedTuple):
+    """Where a pass's new tokens sit and what they may see, as a cache's ``begin`` answers it.
+
+    positions: (T,) or (B, T) absolute positions of the new tokens, or None for consecutive ones from ``past``
+    (the common case: a slice of the position table, and no reading of a tensor to check it);
+    past: the first new position when ``positions`` is None;
+    mask: bool, True where a new token may attend, over the keys ``update`` returns (cached, then new): (T, S),
+    or (B, 1, T, S) for a paged batch; None when every key may be seen (a single new token) or, without a
+    cache, for plain causal attention."""
+    positions: torch.Tensor | None
+    past: int
+    mask: torch.Tensor | None
+
+    def span(self, T: int) -> tuple[int, int]:
+        """The first and last position of the new tokens."""
+        if self.positions is None:
+            return self.past, self.past + T - 1
+        return int(self.positions.min()), int(self.positions.max())
+
+
+def causal_layout(T: int, past: int, position_ids: torch.Tensor | None, attn_mask: torch.Tensor | None,
+                  device, cached: bool = True) -> Layout:
+    """The :class:`Layout` of ``T`` new tokens after ``past`` positions of one contiguous sequence (``cached``) or
+    with no cache. position_ids: (T,) or None (consecutive); attn_mask: (T, T) bool among the new tokens or None
+    (causal). Every new token sees every cached position."""
+    if position_ids is not None and position_ids.shape != (T,):
+        raise ValueError(f"position_ids must have shape ({T},), got {tuple(position_ids.shape)}")
+    mask = None
+    if attn_mask is not None:
+        if attn_mask.shape != (T, T) or attn_mask.dtype != torch.bool:
+            raise ValueError(f"attn_mask must be a bool ({T}, {T}) tensor, got {attn_mask.dtype} "
+                             f"{tuple(attn_mask.shape)}")
+        mask = attn_mask
+    elif cached and T > 1:
+        mask = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    if mask is not None and past > 0:
+        # every new token sees every cached position: (T, past + T)
+        mask = torch.cat([torch.ones(T, past, dtype=torch.bool, device=device), mask], dim=1)
+    return Layout(position_ids, past, mask)
 
 
 class KVCache:
@@ -41,6 +88,11 @@ class KVCache:
     @property
     def batch_size(self) -> int:
         return self.k.shape[1]
+
+    def begin(self, T: int, position_ids: torch.Tensor | None = None,
+              attn_mask: torch.Tensor | None = None) -> Layout:
+        """Before a pass that appends ``T`` tokens: their :class:`Layout` (:func:`causal_layout`)."""
+        return causal_layout(T, self.length, position_ids, attn_mask, self.k.device)
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k_new, v_new`` (B, n_head, T, head_size) after the valid positions of ``layer`` and

@@ -31,6 +31,8 @@ import math
 
 import torch
 
+from .cache import Layout
+
 
 class BlockPool:
     """Keys and values for ``n_blocks`` blocks of ``block_size`` positions, every layer, and the bookkeeping of
@@ -193,9 +195,9 @@ class PagedSequence:
 class PagedBatch:
     """The ``cache`` of one forward pass over ``B`` sequences, each with its own :class:`PagedSequence`.
 
-    The model calls :meth:`begin` before its layers (it reserves room, fixes where the new tokens' keys go and
-    builds the mask), :meth:`update` in every layer, and :meth:`advance` at the end, exactly where it calls the
-    contiguous cache's ``update`` and ``advance``."""
+    The model reads it through the interface of the contiguous cache (:mod:`minigpt.cache`): :meth:`begin` before
+    its layers (it reserves room, fixes where the new tokens' keys go and builds the mask), :meth:`update` in every
+    layer, and :meth:`advance` at the end."""
 
     def __init__(self, seqs):
         self.seqs = list(seqs)
@@ -215,14 +217,14 @@ class PagedBatch:
     def lengths(self) -> list[int]:
         return [s.length for s in self.seqs]
 
-    def begin(self, T: int, position_ids: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None):
+    def begin(self, T: int, position_ids: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None) -> Layout:
         """Prepare a pass that appends ``T`` tokens to every sequence. position_ids: (B, T), default each
         sequence's ``length .. length + T - 1``; attn_mask: (T, T) or (B, T, T) bool among the new tokens,
-        default causal. Returns (position_ids (B, T), mask (B, 1, T, S)) where S = longest length + T: what
-        each new token may attend to among the keys :meth:`update` returns (its own sequence's cached
-        positions and new tokens; the padding of shorter sequences never). When the sequences have one length
-        and the new tokens are causal, the mask is (1, 1, T, S), the same for all, and None for one new token
-        each (it would be all True)."""
+        default causal. Returns the :class:`~minigpt.cache.Layout`: positions (B, T) and a mask (B, 1, T, S)
+        where S = longest length + T: what each new token may attend to among the keys :meth:`update` returns
+        (its own sequence's cached positions and new tokens; the padding of shorter sequences never). When the
+        sequences have one length and the new tokens are causal, the mask is (1, 1, T, S), the same for all,
+        and None for one new token each (it would be all True)."""
         B, device = self.batch_size, self.pool.k.device
         lengths = torch.tensor(self.lengths, device=device)
         if position_ids is None:
@@ -245,7 +247,7 @@ class PagedBatch:
             # each reads exactly its own slots, and one mask serves all (none for a single new token)
             self._read = torch.stack([s.slots(0, S) for s in self.seqs])
             mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)[None, None]
-            return position_ids, mask
+            return Layout(position_ids, 0, mask)
         if attn_mask is None:
             attn_mask = torch.ones(T, T, dtype=torch.bool, device=device).tril().expand(B, T, T)
         # which slots each sequence reads, padded to S with its own first slot (masked out below)
@@ -260,7 +262,7 @@ class PagedBatch:
         is_new = (rel >= 0) & (rel < T)
         among_new = attn_mask.gather(2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, S))  # (B, T, S)
         mask = cached[:, None, :] | (is_new[:, None, :] & among_new)
-        return position_ids, mask[:, None]
+        return Layout(position_ids, 0, mask[:, None])
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k_new, v_new`` (B, heads, T, head_size) into each sequence's blocks and return every
