@@ -365,3 +365,27 @@ def _guess_line(guess, measured, tolerance: float | None) -> str:
         return f"your guess {fmt(guess)}, measured {fmt(measured)}: {verdict}"
     right = str(guess).strip().lower() == str(measured).strip().lower()
     return f"your guess {fmt(guess)}, measured {fmt(measured)}: {'right' if right else 'not what happened'}"
+
+
+def choice_strip(choices: Sequence[tuple[str, int, int]], ax=None, title: str | None = None):
+    """A generation's rounds left to right, one bar per round, as wide as the tokens it made and coloured by
+    what the speculation controller chose (:attr:`minigpt.decoding.auto.Auto.choices`: option, tokens proposed,
+    tokens kept); the kept drafted tokens are solid, the round's own token hatched. Returns the axes."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 1.8))
+    names = list(dict.fromkeys(name for name, _, _ in choices))
+    colours = {n: plt.get_cmap("tab10")(i) for i, n in enumerate(names)}
+    x = 0
+    for name, _, kept in choices:
+        if kept:
+            ax.barh(0, kept, left=x, color=colours[name], edgecolor="white", linewidth=0.3)
+        ax.barh(0, 1, left=x + kept, color=colours[name], alpha=0.45, hatch="//", edgecolor="white", linewidth=0.3)
+        x += kept + 1
+    ax.set_yticks([])
+    ax.set_xlim(0, max(x, 1))
+    ax.set_xlabel("output tokens (solid: drafted and accepted; hatched: the target's own token of the round)")
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in names], labels=names,
+              loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(names), frameon=False)
+    if title:
+        ax.set_title(title, pad=24)
+    return ax

@@ -153,3 +153,12 @@ def _accept_everything(sampling, generator):
     def rule(proposal, logits):
         return list(range(1, len(proposal.tokens))), int(logits[-1].argmax())
     return rule
+
+
+def test_the_choice_strip_draws_every_round():
+    import matplotlib
+    matplotlib.use("Agg")
+    from minigpt.plots import choice_strip
+    ax = choice_strip([(PLAIN, 0, 0), ("lookup", 8, 5), ("chain", 4, 0)])
+    assert len(ax.patches) == 1 + 2 + 1       # a bar per round, plus one for the kept drafted tokens
+    assert ax.get_xlim()[1] == 1 + 6 + 1
