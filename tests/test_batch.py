@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import perturbed_copy, random_model
-from minigpt.decoding import Chain, Lookup, LookupTree, generate, speculative_generate
+from minigpt.decoding import Chain, DraftTree, Lookup, LookupTree, generate, speculative_generate
 from minigpt.decoding.batch import (BatchedChain, BatchEngine, PerSequence, Request, decode_batch,
                                     longest_common_prefix, serve)
 from minigpt.decoding.plain import Plain
@@ -28,13 +28,16 @@ def ragged_prompts(n: int, seed: int = 0, vocab: int = 97) -> list[list[int]]:
 
 
 def methods(draft):
-    return {"plain": PerSequence(Plain), "lookup": PerSequence(lambda: Lookup(2, 4)),
-            "lookup_adaptive": PerSequence(lambda: Lookup(2, 3, adaptive=True, max_pred=8)),
-            "lookup_tree": PerSequence(lambda: LookupTree(2, 3, max_matches=3)),
-            "chain": BatchedChain(draft, 3)}
+    """Proposers as a session takes them: the engine gives each sequence its own copy."""
+    return {"plain": Plain(), "lookup": Lookup(2, 4), "lookup_adaptive": Lookup(2, 3, adaptive=True, max_pred=8),
+            "lookup_tree": LookupTree(2, 3, max_matches=3), "chain": Chain(draft, 3),
+            "chain_adaptive": Chain(draft, 2, adaptive=True, gamma_max=6), "chain_confident": Chain(draft, 4,
+                                                                                              confidence_stop=0.2),
+            "tree": DraftTree(draft, budget=6, max_depth=3)}
 
 
-@pytest.mark.parametrize("name", ["plain", "lookup", "lookup_adaptive", "lookup_tree", "chain"])
+@pytest.mark.parametrize("name", ["plain", "lookup", "lookup_adaptive", "lookup_tree", "chain", "chain_adaptive",
+                                  "chain_confident", "tree"])
 def test_batched_greedy_equals_decoding_alone(arch, name):
     target = random_model(1, **arch)
     draft = perturbed_copy(target, 0.3, seed=2)
@@ -51,6 +54,10 @@ def test_batched_greedy_equals_decoding_alone(arch, name):
         assert sum(s.target_passes for s in stats) < len(prompts) * n   # ... and saved passes
         # the batch needs as many passes as its slowest sequence: never fewer than any one of them
         assert batch.target_passes == max(s.target_passes for s in stats)
+    if name.startswith(("chain", "tree")):
+        # the draft drafted for all sequences at once: one batched draft pass per position (chain) or level
+        # (tree), so the batch's draft passes are those of its busiest sequence, not their sum
+        assert 0 < batch.draft_passes <= sum(s.draft_passes for s in stats)
 
 
 @pytest.mark.parametrize("name", ["eagle", "medusa", "lookahead"])
@@ -79,8 +86,7 @@ def test_per_sequence_proposers_with_hidden_states_or_extra_nodes_in_a_batch(arc
     system = [5, 6, 7, 8, 9, 10, 11]
     prompts = [system + p for p in ragged_prompts(5, seed=7)]
     for share in (False, True):
-        outs, stats, batch = decode_batch(target, prompts, 18, PerSequence(factory), share_prefix=share,
-                                          block_size=4)
+        outs, stats, batch = decode_batch(target, prompts, 18, factory(), share_prefix=share, block_size=4)
         assert outs == [generate(target, p, 18) for p in prompts], f"share_prefix={share}"
         assert batch.blocks_left == 0
     assert sum(s.target_passes for s in stats) < 5 * 18 or name == "lookahead"
@@ -92,7 +98,7 @@ def test_ragged_stops_and_eos():
     prompts = ragged_prompts(6, seed=3)
     solo = [generate(target, p, 24) for p in prompts]
     eos = Counter(t for o in solo for t in o[3:]).most_common(1)[0][0]   # a token some outputs contain
-    outs, stats, batch = decode_batch(target, prompts, 24, PerSequence(lambda: Lookup(2, 4)), eos_id=eos)
+    outs, stats, batch = decode_batch(target, prompts, 24, Lookup(2, 4), eos_id=eos)
     want = [generate(target, p, 24, eos_id=eos) for p in prompts]
     assert outs == want
     assert len({len(o) for o in outs}) > 1                  # they did stop at different lengths
@@ -105,12 +111,12 @@ def test_batched_greedy_on_the_shipped_pair(target, draft):
     from minigpt.prompts import code_prompts, edit_prompts
     prompts = code_prompts(6) + edit_prompts(2)
     solo = [generate(target, p, 32) for p in prompts]
-    for proposer in (PerSequence(Plain), PerSequence(lambda: Lookup(3, 8)), BatchedChain(draft, 4)):
+    for proposer in (Plain(), Lookup(3, 8), Chain(draft, 4), DraftTree(draft, budget=12)):
         outs, _, batch = decode_batch(target, prompts, 32, proposer)
         assert outs == solo, type(proposer).__name__
         assert batch.blocks_left == 0
     # and the chain's own statistics per sequence match the single-sequence chain's
-    _, stats, _ = decode_batch(target, prompts[:2], 32, BatchedChain(draft, 4))
+    _, stats, _ = decode_batch(target, prompts[:2], 32, Chain(draft, 4))
     for p, s in zip(prompts[:2], stats):
         _, alone = speculative_generate(target, draft, p, 32, gamma=4)
         assert (s.accepted, s.tested, s.target_passes) == (alone.accepted, alone.tested, alone.target_passes)
@@ -126,7 +132,7 @@ def test_prefix_sharing_stores_the_common_prompt_once():
     assert shared == separate == [generate(target, p, 12) for p in prompts]
     assert b1.blocks_left == b2.blocks_left == 0
 
-    engine = BatchEngine(target, PerSequence(Plain), block_size=8, max_batch=4)
+    engine = BatchEngine(target, Plain(), block_size=8, max_batch=4)
     engine.add_prefix(system)
     seqs = [engine.admit(Request(p, 12)) for p in prompts]
     # the 3 full blocks of the system prompt are held once by all four; each has its own copy of the 4th
@@ -144,7 +150,7 @@ def test_scheduler_serves_every_request_exactly():
     draft = perturbed_copy(target, 0.3, seed=1)
     prompts = ragged_prompts(7, seed=4)
     requests = [Request(p, 10 + 3 * i, arrival=0.002 * i, name=f"r{i}") for i, p in enumerate(prompts)]
-    for proposer in (PerSequence(Plain), BatchedChain(draft, 3), PerSequence(lambda: Lookup(2, 4))):
+    for proposer in (Plain(), Chain(draft, 3), Lookup(2, 4), DraftTree(draft, budget=4)):
         report = serve(target, requests, proposer, max_batch=3)
         assert report.outputs == [generate(target, r.prompt, r.max_new_tokens) for r in requests]
         assert report.stats.blocks_left == 0
@@ -169,7 +175,7 @@ def test_scheduler_admits_within_the_pool():
 
 def test_bad_requests_fail_in_one_line():
     target = random_model(0)
-    engine = BatchEngine(target, PerSequence(Plain), max_batch=1)
+    engine = BatchEngine(target, Plain(), max_batch=1)
     with pytest.raises(ValueError, match="exceeds the model's context"):
         engine.admit(Request([1, 2], 100))
     with pytest.raises(ValueError, match="non-empty"):
@@ -177,8 +183,30 @@ def test_bad_requests_fail_in_one_line():
     engine.admit(Request([1, 2], 5))
     with pytest.raises(MemoryError, match="batch is full"):
         engine.admit(Request([1, 2], 5))
-    with pytest.raises(ValueError, match="BatchedChain"):
-        PerSequence(lambda: Chain(target, 2))
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        BatchEngine(target, Chain(random_model(0, vocab_size=50), 2))
+
+
+def test_lesson_12s_spellings_still_build_the_same_proposers():
+    """PerSequence(factory) and BatchedChain were a batch's own classes; the engine takes any proposer now."""
+    draft = random_model(1)
+    assert type(PerSequence(Plain)) is Plain and type(PerSequence(lambda: Lookup(3, 8))) is Lookup
+    chain = BatchedChain(draft, 4)
+    assert type(chain) is Chain and chain.gamma == 4 and chain.max_width == 5
+
+
+def test_each_sequence_has_its_own_proposer_state():
+    """The engine forks the proposer per sequence and starts each fork: an adaptive length grows per sequence, and
+    the proposer handed to the engine is left as it was."""
+    target = random_model(3)
+    proto = Lookup(2, 2, adaptive=True, max_pred=12)
+    engine = BatchEngine(target, proto, max_batch=2)
+    a = engine.admit(Request([5, 6, 7] * 6, 16))         # repeats: lookup matches, its length grows
+    b = engine.admit(Request(ragged_prompts(1, seed=9)[0], 16))
+    assert a.proposer is not proto and a.proposer is not b.proposer
+    while engine.active:
+        engine.step()
+    assert proto.k == 2 and (a.proposer.k, b.proposer.k) != (2, 2)
 
 
 def _accept_everything(sampling, generator):
@@ -192,7 +220,7 @@ def sampled_pairs(target, draft, n, rule=None):
     """(first, second) token of n sampled batched chain decodes after a one-token prompt, 250 per batch."""
     pairs = []
     for start in range(0, n, 250):
-        engine = BatchEngine(target, BatchedChain(draft, 2), SamplingConfig(1.0, top_k=3), max_batch=250, rule=rule)
+        engine = BatchEngine(target, Chain(draft, 2), SamplingConfig(1.0, top_k=3), max_batch=250, rule=rule)
         seqs = [engine.admit(Request([7], 2, seed=start + i)) for i in range(min(250, n - start))]
         while engine.active:
             engine.step()

@@ -11,8 +11,9 @@ import torch
 from conftest import first_two_joint, pair_frequencies, perturbed_copy, random_model
 from minigpt import bench
 from minigpt.cache import KVCache
-from minigpt.decoding import (Chain, DraftTree, Lookup, LookupTree, Plain, Proposal, Proposer, SelfSpec, Session,
-                              decode, generate, prefill, verify_chain)
+from minigpt.decoding import (Chain, DraftTree, Eagle, Lookahead, Lookup, LookupTree, Plain, Proposal, Proposer,
+                              SelfSpec, Session, decode, generate, prefill, verify_chain)
+from minigpt.eagle_head import EagleHead
 from minigpt.decoding.verify import greedy_rule, rule_for, verify
 from minigpt.exactness import tv_bound, tv_distance
 from minigpt.sampling import SamplingConfig, sample
@@ -88,6 +89,9 @@ class Recording(Proposer):
 
     def __init__(self, inner: Proposer):
         self.inner, self.draft, self.needs_hidden, self.rounds = inner, inner.draft, inner.needs_hidden, 0
+
+    def start(self, session):
+        self.inner.start(session)
 
     def propose(self, session, room):
         assert session.cache.length == len(session.seq) - 1  # the sequence without its last token
@@ -166,11 +170,12 @@ def test_self_speculation_is_a_chain_over_the_early_exit():
 
 
 def test_the_readme_toy_method_runs_as_written(monkeypatch, target):
-    """The README's "Adding a decoding method" block, executed: its proposer is exact and the bench times it."""
+    """The README's "Adding a decoding method" block, executed: its one declaration makes the proposer exact and
+    raced by the bench (tests/test_registry.py checks the rest: the batch bench, the chat, sampling)."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme.split("## Adding a decoding method", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    monkeypatch.setitem(bench.METHODS, "repeat_last", None)  # the registration below is undone after the test
+    monkeypatch.setitem(bench.METHODS, "repeat_last", None)  # the declaration below is undone after the test
     namespace: dict = {}
     exec(code, namespace)
     prompt = [int(t) for t in torch.randint(4000, (12,), generator=torch.Generator().manual_seed(1))]
@@ -190,3 +195,49 @@ def test_wide_rounds_fit_at_the_end_of_the_context(make):
     draft = perturbed_copy(target, 0.2)
     prompt = [1, 2, 3, 4] * 10 + [1, 2]
     assert decode(target, prompt, 6, make(target, draft))[0] == generate(target, prompt, 6)
+
+
+# ----- the lifecycle: start() resets what a generation changes -----
+
+@pytest.mark.parametrize("make", [lambda t, d: Chain(d, 2, adaptive=True, gamma_max=8),
+                                  lambda t, d: Lookup(2, 2, adaptive=True, max_pred=12),
+                                  lambda t, d: Lookahead(window=3, ngram=3, candidates=2),
+                                  lambda t, d: Eagle(EagleHead(t).eval(), depth=3, top_k=2, total_tokens=4)])
+def test_a_proposer_used_again_starts_afresh(make):
+    """The same proposer object decodes a second prompt exactly as a fresh one would (its adaptive length, its n-gram
+    pool, its head's cache are made in start(), not carried over), with the same statistics."""
+    target = random_model(5)
+    draft = perturbed_copy(target, 0.3)
+    first, second = [3, 9, 27, 81, 3, 9, 27, 81, 3], [5, 6, 5, 6, 5, 6, 7]
+    used = make(target, draft)
+    decode(target, first, 20, used)
+    again, stats_again = decode(target, second, 20, used)
+    fresh, stats_fresh = decode(target, second, 20, make(target, draft))
+    assert again == fresh == generate(target, second, 20)
+    assert (stats_again.gammas, stats_again.accepted) == (stats_fresh.gammas, stats_fresh.accepted)
+
+
+def _byte_encoding(name: str, swap: bool = False):
+    """A tiktoken Encoding of the 256 bytes plus an end token; ``swap``: bytes 65 and 66 trade ids."""
+    import tiktoken
+    ranks = {bytes([i]): i for i in range(256)}
+    if swap:
+        ranks[b"A"], ranks[b"B"] = 66, 65
+    return tiktoken.Encoding(name, pat_str=r".", mergeable_ranks=ranks, special_tokens={"<|end|>": 256})
+
+
+def test_a_draft_with_another_vocabulary_of_the_same_size_is_refused():
+    """As llama.cpp's are_compatible: sizes, special tokens and the text of every token are compared when the models
+    carry their tokenizers; a draft whose token 65 reads "B" cannot draft for a target whose 65 reads "A"."""
+    target, draft = random_model(0, vocab_size=257), random_model(1, vocab_size=257)
+    target.tokenizer, draft.tokenizer = _byte_encoding("a"), _byte_encoding("b", swap=True)
+    with pytest.raises(ValueError, match=r"vocabularies differ \(token 65 is b'A' vs b'B'\)"):
+        decode(target, [1, 2], 5, Chain(draft, 2))
+    draft.tokenizer = _byte_encoding("c")            # the same vocabulary in another object: accepted
+    assert decode(target, [1, 2], 5, Chain(draft, 2))[0] == generate(target, [1, 2], 5)
+    import tiktoken
+    other = tiktoken.Encoding("d", pat_str=r".", mergeable_ranks={bytes([i]): i for i in range(256)},
+                              special_tokens={"<|stop|>": 256})
+    draft.tokenizer = other
+    with pytest.raises(ValueError, match="special tokens"):
+        decode(target, [1, 2], 5, Chain(draft, 2))

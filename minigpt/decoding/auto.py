@@ -29,6 +29,7 @@ each option was taken and its tokens per target pass.
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -49,10 +50,21 @@ class RoundTimes:
     def __init__(self, smoothing: float = 0.3, prior_slope: float = 0.05):
         self.smoothing, self.prior_slope = smoothing, prior_slope
         self.by_width: dict[int, float] = {}
+        self._table: list[float] | None = None
 
     def add(self, width: int, seconds: float) -> None:
         old = self.by_width.get(width)
         self.by_width[width] = seconds if old is None else old + self.smoothing * (seconds - old)
+        self._table = None
+
+    def table(self, max_width: int) -> list[float] | None:
+        """``[t(1), t(1), t(2), ..., t(max_width)]`` (index = width), kept until the next :meth:`add`: the
+        controller reads many widths a round, this estimates each once (None before any round was timed)."""
+        if not self.by_width:
+            return None
+        if self._table is None or len(self._table) <= max_width:
+            self._table = [self(max(1, w)) for w in range(max_width + 1)]
+        return self._table
 
     def __call__(self, width: int) -> float | None:
         """Estimated seconds of a round whose pass scores ``width`` tokens (None before any round was timed)."""
@@ -170,12 +182,23 @@ class Auto(Proposer):
         self.round = 0
         self.choices: list[tuple[str, int, int]] = []  # per round: option, tokens proposed, tokens kept
         self._pending = None  # (option or None, width, t_start, t_drafted) of the round in flight
-        self._session = None
         self._tokens = 1
         for o in self.options:
             o.acceptance = DepthAcceptance()
             o.seconds_per_token = o.arm_tokens = o.arm_seconds = None
             o.last_round, o.backoff = -1, 8
+
+    def start(self, session) -> None:
+        """A new generation: every measurement forgotten, every option started."""
+        self.reset()
+        for o in self.options:
+            o.proposer.start(session)
+
+    def fork(self) -> "Auto":
+        """A copy for another sequence of a batch, with copies of the options (each its own measurements)."""
+        twin = copy.copy(self)
+        twin.options = [Option(o.name, o.proposer.fork(), o.kind) for o in self.options]
+        return twin
 
     # -- deciding ---------------------------------------------------------------------------------------------
     def _due(self, o: Option) -> bool:
@@ -185,18 +208,16 @@ class Auto(Proposer):
     def _best_length(self, o: Option, most: int, draft_cost: float) -> tuple[float, int]:
         """(expected tokens per second, k) of the best chain length k in 1..most for option ``o``."""
         best = (0.0, 0)
+        times = self.times.table(most + 1)
+        if times is None:
+            return best
         for k, e in enumerate(o.acceptance.expected_tokens(most)):
-            t = self.times(k + 1)
-            if k == 0 or t is None:
-                continue
-            best = max(best, (e / (t + draft_cost * k), k))
+            if k:
+                best = max(best, (e / (times[k + 1] + draft_cost * k), k))
         return best
 
     def propose(self, session: Session, room: int) -> Proposal:
         now = self.clock()
-        if self._session is not session:  # a new generation
-            self.reset()
-            self._session = session
         self._close_round(now)
         self.round += 1
         root = session.seq[-1]

@@ -9,13 +9,12 @@ finished sequence gives all of its blocks back, and a new request can take them 
 
 * :class:`Request` -- a prompt, how many tokens, a seed, an arrival time (for :func:`serve`);
 * :class:`Sequence` -- one request being decoded: what a :class:`~.session.Session` is for one generation
-  (its tokens, its generator and acceptance rule, its statistics, its stream, its block tables);
-* :class:`BatchProposer` -- what a method proposes for all active sequences at once: :class:`PerSequence`
-  wraps any proposer without a draft model (plain, prompt lookup, a lookup tree, Medusa, EAGLE), one instance
-  per sequence, each drafting on its own (only the target's pass is batched); :class:`BatchedChain` drafts
-  with a draft model, batched too;
-* :class:`BatchEngine` -- the loop: admit (prefill, sharing a registered prefix), step (propose, one target
-  pass for all through :func:`~.verify.verify_batch`, each sequence's own rule and rollback), retire;
+  (its tokens, its generator and acceptance rule, its statistics, its stream, its block tables, its own copy
+  of the proposer);
+* :class:`BatchEngine` -- the loop: admit (prefill, sharing a registered prefix; the proposer's copy for the
+  sequence, started), step (the proposer's :meth:`~.session.Proposer.propose_batch` for all active sequences --
+  a draft model's passes batched where the proposer does so --, one target pass for all through
+  :func:`~.verify.verify_batch`, each sequence's own rule and rollback), retire;
 * :func:`decode_batch` -- B prompts decoded together; :func:`serve` -- continuous batching of requests that
   arrive over time, with time to first token, per-token latency and throughput.
 
@@ -32,12 +31,12 @@ import torch
 
 from ..model import GPT
 from ..paged import BlockPool, PagedBatch, PagedSequence
-from ..sampling import SamplingConfig, make_generator, sample
-from .candidates import Proposal
+from ..sampling import SamplingConfig, make_generator
+from .chain import Chain
 from .plain import Plain
-from .session import Progress, Proposer, Stream, as_prompt, check_length
+from .session import Progress, Proposer, Settings, Stream, as_prompt, check_length, check_vocabularies
 from .stats import DecodeStats
-from .verify import Verified, rule_for, score_ragged, verify_batch
+from .verify import rule_for, verify_batch
 
 
 @dataclass
@@ -55,10 +54,11 @@ class Request:
 class Sequence(Progress):
     """A request in the batch: its tokens, generator, acceptance rule, statistics, stream and block tables.
 
-    Per-sequence proposers read it as they read a :class:`~.session.Session` (``target``, ``seq``, ``sampling``,
-    ``generator``, ``n_new``, ``cache`` -- its block table --, and for a proposer that ``needs_hidden``,
-    ``new_hidden`` and ``hidden``). Times are seconds on the engine's clock: ``t_admitted``, ``t_first`` (first
-    new token), ``t_done``."""
+    Proposers read it as they read a :class:`~.session.Session` (``target``, ``seq``, ``sampling``,
+    ``generator``, ``n_new``, ``cache`` -- its block table --, ``draft_cache`` -- its draft's --, and for a
+    proposer that ``needs_hidden``, ``new_hidden`` and ``hidden``); ``proposer`` is its own copy of the batch's
+    proposer. Times are seconds on the engine's clock: ``t_admitted``, ``t_first`` (first new token),
+    ``t_done``."""
 
     def __init__(self, request: Request, sampling: SamplingConfig, table: PagedSequence,
                  draft_table: PagedSequence | None, rule_factory=rule_for, target: GPT | None = None,
@@ -73,7 +73,7 @@ class Sequence(Progress):
         self.stats = DecodeStats(prefills=1)
         self.stream = Stream(self.stats, request.max_new_tokens, request.eos_id)
         self.table, self.draft_table = table, draft_table
-        self.proposer: Proposer | None = None  # set by PerSequence.start
+        self.proposer: Proposer | None = None  # its own copy, set when the engine admits it
         self.ended = False
         self.t_admitted = self.t_first = self.t_done = None
 
@@ -81,85 +81,23 @@ class Sequence(Progress):
     def cache(self) -> PagedSequence:
         return self.table
 
+    @property
+    def draft_cache(self) -> PagedSequence | None:
+        return self.draft_table
+
     def free(self) -> None:
         for t in (self.table, self.draft_table):
             if t is not None:
                 t.free()
 
 
-class BatchProposer:
-    """A method for a batch: ``propose(seqs, rooms)`` returns one :class:`Proposal` per active sequence (room:
-    as in :meth:`.session.Proposer.propose`). ``draft``: a draft model, whose block tables the engine keeps
-    (``seq.draft_table``: prefilled, rolled back after each round like the session's draft cache)."""
-    draft: GPT | None = None
-    needs_hidden: bool = False  # keep each sequence's new_hidden (the target's final hidden states), as a Session does
-    speculative: bool = True
-    max_width: int = 64
-
-    def start(self, seq: Sequence) -> None:
-        """A sequence joins the batch."""
-
-    def propose(self, seqs: list[Sequence], rooms: list[int]) -> list[Proposal]:
-        raise NotImplementedError
-
-    def observe(self, seq: Sequence, proposal: Proposal, verified: Verified) -> None:
-        """A sequence's round is decided."""
+def PerSequence(factory) -> Proposer:
+    """Lesson 12's spelling of "this proposer in a batch": the engine takes any proposer now, and gives each
+    sequence its own copy, so ``PerSequence(Plain)`` is ``Plain()``."""
+    return factory()
 
 
-class PerSequence(BatchProposer):
-    """A per-sequence :class:`~.session.Proposer` without a draft model (Plain, Lookup, LookupTree, Medusa,
-    Eagle), one instance per sequence, made by ``factory()``: adaptive lengths, EAGLE's head cache and the like
-    are per sequence. Their drafting runs sequence by sequence; the target's verification is batched."""
-
-    def __init__(self, factory):
-        self.factory = factory
-        sample_proposer = factory()
-        if sample_proposer.draft is not None:
-            raise ValueError(f"{type(sample_proposer).__name__} has a draft model: use BatchedChain, which "
-                             f"batches the draft's passes and keeps its block tables")
-        self.speculative, self.max_width = sample_proposer.speculative, sample_proposer.max_width
-        self.needs_hidden = sample_proposer.needs_hidden
-
-    def start(self, seq: Sequence) -> None:
-        seq.proposer = self.factory()
-
-    def propose(self, seqs, rooms):
-        return [s.proposer.propose(s, r) for s, r in zip(seqs, rooms)]
-
-    def observe(self, seq, proposal, verified):
-        seq.proposer.observe(proposal, verified)
-
-
-class BatchedChain(BatchProposer):
-    """Chain speculation for a batch: the draft model drafts ``gamma`` tokens for every sequence, one batched
-    draft pass per drafted position (each sequence first catches up on the tokens its draft cache has not
-    seen: one or two, a ragged pass), sampling with ``sampling`` (None: the target's) from each sequence's
-    own generator. The q it reports is the distribution each token was drawn from, so the verification stays
-    exact."""
-
-    def __init__(self, draft: GPT, gamma: int = 4, sampling: SamplingConfig | None = None):
-        if gamma < 1:
-            raise ValueError(f"gamma must be at least 1, got {gamma}")
-        self.draft, self.gamma, self.sampling = draft, gamma, sampling
-        self.max_width = gamma + 1
-
-    def propose(self, seqs, rooms):
-        goal = [min(self.gamma, r) for r in rooms]
-        drafted: list[list[int]] = [[] for _ in seqs]
-        qs: list[list[torch.Tensor]] = [[] for _ in seqs]
-        feeds = [s.seq[s.draft_table.length:] for s in seqs]  # what each draft cache has not seen yet
-        for step in range(max(goal, default=0)):
-            live = [b for b, g in enumerate(goal) if g > step]
-            logits, _ = score_ragged(self.draft, [seqs[b].draft_table for b in live], [feeds[b] for b in live])
-            for row, b in enumerate(live):
-                cfg = self.sampling or seqs[b].sampling
-                q = cfg.probs(logits[row, len(feeds[b]) - 1])
-                x = int(q.argmax()) if cfg.greedy else sample(q, seqs[b].generator)
-                drafted[b].append(x)
-                qs[b].append(q)
-                feeds[b] = [x]
-        return [Proposal.chain(s.seq[-1], d, torch.stack(q) if q else None, draft_passes=len(d))
-                for s, d, q in zip(seqs, drafted, qs)]
+BatchedChain = Chain  # Lesson 12's name: the chain batches its draft's passes in a batch itself
 
 
 @dataclass
@@ -191,7 +129,7 @@ class BatchEngine:
     :meth:`add_prefix` prefills a prompt prefix once (a system prompt); requests that start with it fork its
     table instead of storing it again."""
 
-    def __init__(self, target: GPT, proposer: BatchProposer, sampling: SamplingConfig | None = None,
+    def __init__(self, target: GPT, proposer: Proposer, sampling: SamplingConfig | None = None,
                  n_blocks: int | None = None, block_size: int = 16, max_batch: int = 8, rule=None):
         self.target, self.proposer = target, proposer
         self.sampling = sampling if sampling is not None else SamplingConfig()
@@ -200,11 +138,10 @@ class BatchEngine:
         self.n_blocks = n_blocks or per_seq * max_batch
         self.pool = BlockPool.for_model(target, self.n_blocks, block_size)
         self.draft = proposer.draft
-        if self.draft is not None and self.draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(f"target and draft vocabularies differ ({target.config.vocab_size} vs "
-                             f"{self.draft.config.vocab_size}): they must share a tokenizer")
+        if self.draft is not None:
+            check_vocabularies(target, self.draft)
         self.draft_pool = None if self.draft is None else BlockPool.for_model(self.draft, self.n_blocks, block_size)
-        self.rule_factory = rule or rule_for
+        self.rule_factory = rule or proposer.rule or rule_for
         self.active: list[Sequence] = []
         self.needs_hidden = proposer.needs_hidden
         # registered prefixes: (ids, target table, draft table, the target's hidden states there if needed)
@@ -285,7 +222,8 @@ class BatchEngine:
                                request.name), self.sampling, table, draft_table, self.rule_factory, self.target,
                        new_hidden)
         seq.t_admitted = self.clock()
-        self.proposer.start(seq)
+        seq.proposer = self.proposer.fork()
+        seq.proposer.start(seq)
         self.active.append(seq)
         return seq
 
@@ -297,7 +235,7 @@ class BatchEngine:
         seqs = self.active
         if not seqs:
             return []
-        proposals = self.proposer.propose(seqs, [s.max_new_tokens - s.n_new - 1 for s in seqs])
+        proposals = self.proposer.propose_batch(seqs, [s.max_new_tokens - s.n_new - 1 for s in seqs])
         verified = verify_batch(self.target, [s.table for s in seqs], proposals, [s.rule for s in seqs],
                                 return_hidden=self.needs_hidden)
         self.stats.target_passes += 1
@@ -306,7 +244,7 @@ class BatchEngine:
         now = self.clock()
         done = []
         for s, p, v in zip(seqs, proposals, verified):
-            self.proposer.observe(s, p, v)
+            s.proposer.observe(p, v)
             s.record(p, v, self.proposer.speculative, s.draft_table)
             if s.t_first is None:
                 s.t_first = now
@@ -315,6 +253,7 @@ class BatchEngine:
                 s.stats.new_tokens = len(s.output)
                 s.stats.wall_time = now - s.t_admitted
                 self.stats.new_tokens += s.stats.new_tokens
+                s.proposer.finish(s)
                 s.free()
                 done.append(s)
         self.active = [s for s in seqs if not s.finished]
@@ -341,18 +280,21 @@ def longest_common_prefix(prompts) -> int:
     return n
 
 
-def decode_batch(target: GPT, prompts, max_new_tokens: int, proposer: BatchProposer | None = None,
-                 temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                 seed: int | None = None, eos_id: int | None = None, share_prefix: bool = False,
-                 block_size: int = 16) -> tuple[list[list[int]], list[DecodeStats], BatchStats]:
-    """Decode ``prompts`` together (B = len(prompts)); returns (outputs, each sequence's DecodeStats, the
-    batch's BatchStats). proposer: default plain decoding; sequence i samples with seed ``seed + i``.
-    share_prefix: the prompts' longest common prefix is prefilled once and shared (copy on write).
-    Greedy: every output identical to decoding that prompt alone."""
-    proposer = proposer or PerSequence(Plain)
+def decode_batch(target: GPT, prompts, max_new_tokens: int, proposer: Proposer | None = None,
+                 settings: Settings | None = None, share_prefix: bool = False, block_size: int = 16,
+                 **sampling) -> tuple[list[list[int]], list[DecodeStats], BatchStats]:
+    """Decode ``prompts`` together (B = len(prompts)) with any proposer (default: plain decoding); returns
+    (outputs, each sequence's DecodeStats, the batch's BatchStats). ``settings`` or its fields as keywords
+    (``temperature``, ``top_k``, ``top_p``, ``seed``, ``eos_id``; :class:`~.session.Settings`): sequence i samples
+    with seed ``seed + i``. share_prefix: the prompts' longest common prefix is prefilled once and shared (copy on
+    write). Greedy: every output identical to decoding that prompt alone."""
+    s = Settings.of(settings, **sampling)
+    if s.stats is not None or s.on_tokens is not None:
+        raise ValueError("decode_batch returns each sequence's statistics and streams nothing: no stats or on_tokens")
+    seed, eos_id = s.seed, s.eos_id
+    proposer = proposer or Plain()
     prompts = [as_prompt(p, target)[0].tolist() for p in prompts]
-    engine = BatchEngine(target, proposer, SamplingConfig(temperature, top_k, top_p), max_batch=len(prompts),
-                         block_size=block_size)
+    engine = BatchEngine(target, proposer, s.sampling, max_batch=len(prompts), block_size=block_size)
     if share_prefix and len(prompts) > 1:
         n = min(longest_common_prefix(prompts), min(len(p) for p in prompts) - 1)
         if n:
@@ -391,7 +333,7 @@ class ServeReport:
         return [(r["done"] - r["first"]) / (r["tokens"] - 1) for r in self.requests if r["tokens"] > 1]
 
 
-def serve(target: GPT, requests: list[Request], proposer: BatchProposer | None = None, max_batch: int = 8,
+def serve(target: GPT, requests: list[Request], proposer: Proposer | None = None, max_batch: int = 8,
           temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
           n_blocks: int | None = None, block_size: int = 16, prefix=None) -> ServeReport:
     """Continuous batching: requests arrive at their ``arrival`` times (seconds after the start, on the wall
@@ -399,7 +341,7 @@ def serve(target: GPT, requests: list[Request], proposer: BatchProposer | None =
     and blocks for its worst case), the active ones take one round together, and a finished one leaves at
     once, its blocks free for the next. ``prefix``: token ids prefilled once and shared by the requests that
     start with them (a system prompt)."""
-    proposer = proposer or PerSequence(Plain)
+    proposer = proposer or Plain()
     engine = BatchEngine(target, proposer, SamplingConfig(temperature, top_k, top_p), n_blocks, block_size,
                          max_batch)
     if prefix is not None:

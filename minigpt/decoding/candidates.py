@@ -75,6 +75,21 @@ def tree_from_paths(paths) -> list[int]:
     return parents
 
 
+def merge_continuations(root: int, conts) -> tuple[list[int], list[int]]:
+    """Continuations of ``root`` (token lists) merged into one tree that shares their common prefixes: (tokens,
+    parents), the root first. Prompt lookup's tree of several matches and lookahead's pool n-grams are built so."""
+    tokens, parents, child = [int(root)], [-1], {}
+    for cont in conts:
+        node = 0
+        for tok in cont:
+            if (node, int(tok)) not in child:
+                child[(node, int(tok))] = len(tokens)
+                tokens.append(int(tok))
+                parents.append(node)
+            node = child[(node, int(tok))]
+    return tokens, parents
+
+
 def adapt_length(k: int, proposed: int, accepted: int, k_max: int) -> int:
     """The next proposal length after a round that proposed ``proposed`` tokens and had ``accepted`` accepted:
     +2 after a full accept, -1 after a rejection, within [1, ``k_max``]; a round that proposed nothing leaves it

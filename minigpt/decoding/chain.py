@@ -7,6 +7,9 @@ exactly the target's distribution, provided q is the distribution the draft real
 target's distribution after its own temperature, top-k and top-p. The draft may sample with other settings
 (``draft_sampling``): that changes how often its tokens are accepted, never the output's distribution.
 
+In a batch (:mod:`.batch`) the draft drafts for every sequence at once: one ragged pass of the draft per drafted
+position (:func:`draft_chains`, the same loop as for one sequence).
+
 Self-speculation (:class:`SelfSpec`) is the same proposer with the target's own first layers as the draft
 (:func:`minigpt.model.early_exit_draft`).
 """
@@ -18,43 +21,63 @@ from ..cache import KVCache
 from ..model import GPT, early_exit_draft
 from ..sampling import SamplingConfig, sample
 from .candidates import Proposal, adapt_length
-from .session import Proposer, Session, decode
+from .session import Progress, Proposer, Session, Settings, decode
 from .stats import DecodeStats
-from .verify import Verified
+from .verify import Verified, score_ragged
 
 
 @torch.no_grad()
+def draft_chains(draft: GPT, caches: list, pending: list[list[int]], goals: list[int], cfgs: list[SamplingConfig],
+                 generators: list, confidence_stop: float | None = None):
+    """Let ``draft`` propose up to ``goals[b]`` tokens after ``pending[b]`` (tokens its cache ``caches[b]`` has not
+    seen) for every sequence b: one pass of the draft per drafted position, over all sequences still drafting
+    (:func:`~.verify.score_ragged`: paged block tables, or one contiguous cache). Sequence b samples with
+    ``cfgs[b]`` from ``generators[b]`` (greedy: the argmax).
+
+    Returns (tokens, qs) per sequence, qs[b] the list of distributions its tokens were drawn from. With
+    ``confidence_stop``, a sequence stops drafting once the draft gives its own token a probability below that
+    threshold. Each cache ends holding everything fed: ``pending`` and all drafted tokens but the last."""
+    tokens: list[list[int]] = [[] for _ in caches]
+    qs: list[list[torch.Tensor]] = [[] for _ in caches]
+    feeds = [list(p) for p in pending]
+    live = [b for b, g in enumerate(goals) if g > 0]
+    while live:
+        logits, _ = score_ragged(draft, [caches[b] for b in live], [feeds[b] for b in live])
+        going = []
+        for row, b in enumerate(live):
+            last = logits[row, len(feeds[b]) - 1]
+            q = cfgs[b].probs(last)
+            x = int(q.argmax()) if cfgs[b].greedy else sample(q, generators[b])
+            tokens[b].append(x)
+            qs[b].append(q)
+            feeds[b] = [x]
+            if confidence_stop is not None:
+                # the draft's own belief in its token; under greedy q is one-hot, so read it off the softmax
+                conf = float(torch.softmax(last.float(), -1)[x]) if cfgs[b].greedy else float(q[x])
+                if conf < confidence_stop:
+                    continue
+            if len(tokens[b]) < goals[b]:
+                going.append(b)
+        live = going
+    return tokens, qs
+
+
 def draft_tokens(draft: GPT, cache: KVCache, pending: list[int], gamma: int, cfg: SamplingConfig,
                  generator: torch.Generator | None = None, confidence_stop: float | None = None):
-    """Let ``draft`` propose up to ``gamma`` tokens after ``pending`` (tokens not yet in its cache).
-
-    Returns (tokens, q) with q (n, V) the distributions the tokens were drawn from. With ``confidence_stop``,
-    drafting stops early once the draft gives its own token a probability below that threshold.
-    The cache ends holding everything fed: ``pending`` and all drafted tokens but the last."""
-    device = draft.device
-    tokens, qs = [], []
-    feed = pending
-    for _ in range(gamma):
-        logits = draft(torch.tensor([feed], device=device), cache=cache)[0, -1]
-        q = cfg.probs(logits)
-        x = int(q.argmax()) if cfg.greedy else sample(q, generator)
-        tokens.append(x)
-        qs.append(q)
-        if confidence_stop is not None:
-            # the draft's own belief in its token; under greedy q is one-hot, so read it off the softmax
-            conf = float(torch.softmax(logits.float(), -1)[x]) if cfg.greedy else float(q[x])
-            if conf < confidence_stop:
-                break
-        feed = [x]
-    return tokens, torch.stack(qs) if qs else torch.empty(0, draft.config.vocab_size)
+    """Let ``draft`` propose up to ``gamma`` tokens after ``pending`` (tokens not yet in its cache): one sequence's
+    :func:`draft_chains`. Returns (tokens, q) with q (n, V) the distributions the tokens were drawn from."""
+    tokens, qs = draft_chains(draft, [cache], [pending], [gamma], [cfg], [generator], confidence_stop)
+    return tokens[0], torch.stack(qs[0]) if qs[0] else torch.empty(0, draft.config.vocab_size)
 
 
 class Chain(Proposer):
     """The draft model proposes a chain of ``gamma`` tokens, sampled with ``sampling`` (None: the target's).
 
     adaptive: grow gamma by 2 after a round where every drafted token was accepted, shrink it by 1 after a
-    rejection (between 1 and ``gamma_max``), the heuristic Hugging Face's assisted generation uses.
-    confidence_stop: stop a round's drafting when the draft's probability of its token drops below this."""
+    rejection (between 1 and ``gamma_max``), the heuristic Hugging Face's assisted generation uses; each
+    generation starts again from ``gamma``. confidence_stop: stop a round's drafting when the draft's
+    probability of its token drops below this. In a batch the draft's passes are batched."""
+    batched = True
 
     def __init__(self, draft: GPT, gamma: int = 4, sampling: SamplingConfig | None = None, adaptive: bool = False,
                  gamma_max: int = 16, confidence_stop: float | None = None):
@@ -62,17 +85,29 @@ class Chain(Proposer):
             raise ValueError(f"gamma must be at least 1, got {gamma}")
         if sampling is not None and not isinstance(sampling, SamplingConfig):
             raise TypeError(f"draft_sampling must be a SamplingConfig, got {type(sampling).__name__}")
-        self.draft, self.gamma, self.sampling = draft, gamma, sampling
+        self.draft, self.gamma, self.first_gamma, self.sampling = draft, gamma, gamma, sampling
         self.adaptive, self.gamma_max, self.confidence_stop = adaptive, gamma_max, confidence_stop
+        self.max_width = 1 + (max(gamma, gamma_max) if adaptive else gamma)
+
+    def start(self, session: Progress) -> None:
+        self.gamma = self.first_gamma
 
     def propose(self, session: Session, room: int) -> Proposal:
-        g = min(self.gamma, room)  # never draft past the requested length: the round's own token fills the last slot
-        if not g:
-            return Proposal.chain(session.seq[-1], [])
-        pending = session.seq[session.draft_cache.length:]  # what the draft's cache has not seen yet
-        drafted, q = draft_tokens(self.draft, session.draft_cache, pending, g, self.sampling or session.sampling,
-                                  session.generator, self.confidence_stop)
-        return Proposal.chain(session.seq[-1], drafted, q, draft_passes=len(drafted))
+        return self._draft([self], [session], [room])[0]
+
+    def propose_batch(self, seqs: list[Progress], rooms: list[int]) -> list[Proposal]:
+        return self._draft([s.proposer for s in seqs], seqs, rooms)
+
+    def _draft(self, owners: list["Chain"], seqs: list, rooms: list[int]) -> list[Proposal]:
+        """Each sequence's chain, its length its own proposer's (``owners``) gamma, never past the requested length:
+        the round's own token fills the last slot."""
+        drafted, qs = draft_chains(self.draft, [s.draft_cache for s in seqs],
+                                   [s.seq[s.draft_cache.length:] for s in seqs],  # what each draft has not seen
+                                   [min(o.gamma, r) for o, r in zip(owners, rooms)],
+                                   [self.sampling or s.sampling for s in seqs], [s.generator for s in seqs],
+                                   self.confidence_stop)
+        return [Proposal.chain(s.seq[-1], d, torch.stack(q) if q else None, draft_passes=len(d))
+                for s, d, q in zip(seqs, drafted, qs)]
 
     def observe(self, proposal: Proposal, verified: Verified) -> None:
         if self.adaptive:
@@ -89,18 +124,15 @@ class SelfSpec(Chain):
 
 
 def speculative_generate(target: GPT, draft: GPT, prompt, max_new_tokens: int, gamma: int = 4,
-                         temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                         seed: int | None = None, eos_id: int | None = None, adaptive: bool = False,
-                         gamma_max: int = 16, confidence_stop: float | None = None,
-                         stats: DecodeStats | None = None,
-                         draft_sampling: SamplingConfig | None = None,
-                         on_tokens=None) -> tuple[list[int], DecodeStats]:
+                         adaptive: bool = False, gamma_max: int = 16, confidence_stop: float | None = None,
+                         draft_sampling: SamplingConfig | None = None, settings: Settings | None = None,
+                         **sampling) -> tuple[list[int], DecodeStats]:
     """Generate with draft-then-verify rounds (:class:`Chain`); returns (new token ids, statistics).
 
-    temperature, top_k, top_p: how the *target* samples (temperature 0: greedy). draft_sampling: how the draft
-    samples its proposals (default: the same settings); the acceptance rule always uses the q it sampled from.
-    adaptive, gamma_max, confidence_stop: see :class:`Chain`. on_tokens: called with each round's accepted
-    tokens as they are decided (streaming; see :class:`~.session.Stream`); ``stats.from_draft`` records which
-    output tokens were drafted and accepted."""
+    ``settings`` or its fields as keywords (``temperature``, ``top_k``, ``top_p``, ``seed``, ``eos_id``,
+    ``stats``, ``on_tokens``; see :class:`~.session.Settings`): how the *target* samples and when it stops.
+    draft_sampling: how the draft samples its proposals (default: the same settings); the acceptance rule always
+    uses the q it sampled from. adaptive, gamma_max, confidence_stop: see :class:`Chain`.
+    ``stats.from_draft`` records which output tokens were drafted and accepted."""
     proposer = Chain(draft, gamma, draft_sampling, adaptive, gamma_max, confidence_stop)
-    return decode(target, prompt, max_new_tokens, proposer, temperature, top_k, top_p, seed, eos_id, stats, on_tokens)
+    return decode(target, prompt, max_new_tokens, proposer, settings, **sampling)

@@ -19,7 +19,7 @@ import torch
 from ..eagle_head import EagleHead
 from ..model import GPT
 from .candidates import Proposal
-from .session import Proposer, Session, decode
+from .session import Progress, Proposer, Session, Settings, decode
 from .stats import DecodeStats
 
 
@@ -27,8 +27,10 @@ class Eagle(Proposer):
     """EAGLE-2's dynamic tree (``top_k`` children of the ``top_k`` best frontier nodes per level, ``depth``
     levels, the best ``total_tokens`` nodes verified); ``top_k=1`` gives EAGLE's chain of ``depth`` tokens.
 
-    The head's KV cache is this proposer's own: entries t = (f_t, x_{t+1}) for every position the target has
-    cached, plus, during a round, the tree's entries, which are dropped again before verification."""
+    The head's KV cache is this proposer's own, made for each generation by :meth:`start`: entries
+    t = (f_t, x_{t+1}) for every position the target has cached, plus, during a round, the tree's entries, which
+    are dropped again before verification. In a batch each sequence's copy keeps its own head cache and drafts
+    on its own (the head's passes are not batched); the target's verification is."""
     needs_hidden = True
 
     def __init__(self, head: EagleHead, depth: int = 6, top_k: int = 8, total_tokens: int = 24):
@@ -36,15 +38,19 @@ class Eagle(Proposer):
             raise ValueError(f"depth, top_k and total_tokens must be at least 1, got {depth}, {top_k}, {total_tokens}")
         self.head, self.depth, self.top_k, self.total_tokens = head, depth, top_k, total_tokens
         self.max_width = 1 + total_tokens
-        self.cache, self.session = None, None
+        self.cache = None  # the head's, made per generation by start()
+
+    def start(self, session: Progress) -> None:
+        """A new generation: a fresh head cache, with room for a round's tree entries beyond the context's
+        positions."""
+        self.cache = self.head.new_cache(session.target.config.block_size + self.top_k * self.depth)
 
     def _catch_up(self, session: Session) -> torch.Tensor | None:
         """Feed the head the positions the target cached since the last round; returns the predicted feature at
-        the root (None before any position is cached: a one-token prompt)."""
-        if self.session is not session:  # a new generation: a fresh cache
-            # room for a round's tree entries beyond the context's positions
-            self.session = session
-            self.cache = self.head.new_cache(session.target.config.block_size + self.top_k * self.depth)
+        the root (None before any position is cached: a one-token prompt). A proposer used by hand, outside
+        the loops that call :meth:`start`, is started here on first use."""
+        if self.cache is None:
+            self.start(session)
         f = session.new_hidden
         if f is None:
             return None
@@ -112,10 +118,11 @@ class Eagle(Proposer):
 
 
 def eagle_generate(target: GPT, head: EagleHead, prompt, max_new_tokens: int, depth: int = 6, top_k: int = 8,
-                   total_tokens: int = 24, temperature: float = 0.0, top_k_sampling: int | None = None,
-                   top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
-                   stats: DecodeStats | None = None, on_tokens=None) -> tuple[list[int], DecodeStats]:
+                   total_tokens: int = 24, settings: Settings | None = None, top_k_sampling: int | None = None,
+                   **sampling) -> tuple[list[int], DecodeStats]:
     """Speculative decoding with an EAGLE head and EAGLE-2's dynamic tree (:class:`Eagle`); returns (new token
-    ids, statistics). temperature, top_k_sampling, top_p: how the target samples."""
-    return decode(target, prompt, max_new_tokens, Eagle(head, depth, top_k, total_tokens), temperature,
-                  top_k_sampling, top_p, seed, eos_id, stats, on_tokens)
+    ids, statistics). ``settings`` or its fields as keywords (:class:`~.session.Settings`): how the target samples
+    and when it stops; ``top_k`` here is the tree's, so the target's top-k sampling is ``top_k_sampling``."""
+    if top_k_sampling is not None:
+        sampling["top_k"] = top_k_sampling
+    return decode(target, prompt, max_new_tokens, Eagle(head, depth, top_k, total_tokens), settings, **sampling)

@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 
 from ..model import GPT
-from .candidates import Proposal
-from .session import Proposer, Session, decode
+from .candidates import Proposal, merge_continuations
+from .session import Progress, Proposer, Session, Settings, decode
 from .stats import DecodeStats
 from .verify import Verified
 
@@ -71,20 +71,6 @@ class NgramPool:
         return sum(len(v) for v in self.table.values())
 
 
-def merge_continuations(root: int, conts) -> tuple[list[int], list[int]]:
-    """Continuations of ``root`` merged into one tree sharing common prefixes: (tokens, parents)."""
-    tokens, parents, child = [int(root)], [-1], {}
-    for cont in conts:
-        node = 0
-        for tok in cont:
-            if (node, tok) not in child:
-                child[(node, tok)] = len(tokens)
-                tokens.append(int(tok))
-                parents.append(node)
-            node = child[(node, tok)]
-    return tokens, parents
-
-
 class Lookahead(Proposer):
     """Lookahead decoding with a ``window`` x (``ngram`` - 1) Jacobi window and up to ``candidates`` pool
     n-grams verified per round."""
@@ -95,13 +81,14 @@ class Lookahead(Proposer):
         self.window, self.rows, self.candidates = window, ngram - 1, candidates
         self.mask, self.depths = window_mask(self.rows, window), window_depths(self.rows, window)
         self.max_width = 1 + candidates * self.rows + self.rows * window
-        self.pool, self.guesses, self.session = None, None, None  # made per generation, in propose()
+        self.pool, self.guesses = None, None  # made per generation, in start()
+
+    def start(self, session: Progress) -> None:
+        """A new generation: guesses from the prompt, an empty pool."""
+        self.pool = NgramPool(max(self.candidates, 1))
+        self.guesses = [session.seq[i % len(session.seq)] for i in range(self.rows * self.window)]
 
     def propose(self, session: Session, room: int) -> Proposal:
-        if self.session is not session:  # a new generation: guesses from the prompt, an empty pool
-            self.session, self.pool = session, NgramPool(max(self.candidates, 1))
-            n = self.rows * self.window
-            self.guesses = [session.seq[i % len(session.seq)] for i in range(n)]
         root = session.seq[-1]
         conts = [c[:room] for c in self.pool.get(root)[:self.candidates]] if room else []
         tokens, parents = merge_continuations(root, conts)
@@ -124,9 +111,8 @@ class Lookahead(Proposer):
 
 
 def lookahead_generate(target: GPT, prompt, max_new_tokens: int, window: int = 5, ngram: int = 4,
-                       candidates: int = 5, temperature: float = 0.0, top_k: int | None = None,
-                       top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
-                       stats: DecodeStats | None = None, on_tokens=None) -> tuple[list[int], DecodeStats]:
-    """Lookahead decoding (:class:`Lookahead`); returns (new token ids, statistics)."""
-    return decode(target, prompt, max_new_tokens, Lookahead(window, ngram, candidates), temperature, top_k, top_p,
-                  seed, eos_id, stats, on_tokens)
+                       candidates: int = 5, settings: Settings | None = None,
+                       **sampling) -> tuple[list[int], DecodeStats]:
+    """Lookahead decoding (:class:`Lookahead`); returns (new token ids, statistics). ``settings`` or its fields as
+    keywords (:class:`~.session.Settings`): how the target samples and when it stops."""
+    return decode(target, prompt, max_new_tokens, Lookahead(window, ngram, candidates), settings, **sampling)

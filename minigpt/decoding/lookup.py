@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..model import GPT
-from .candidates import Proposal, adapt_length
-from .session import Proposer, Session, decode
+from .candidates import Proposal, adapt_length, merge_continuations
+from .session import Progress, Proposer, Session, Settings, decode
 from .stats import DecodeStats
 from .verify import Verified
 
@@ -65,16 +65,7 @@ def find_candidate_tree(seq, max_ngram: int = 3, num_pred: int = 8, min_ngram: i
                 break
         if conts:
             break
-    tokens, parents, child = [int(seq[-1])], [-1], {}
-    for cont in conts:
-        node = 0
-        for tok in cont:
-            if (node, tok) not in child:
-                child[(node, tok)] = len(tokens)
-                tokens.append(tok)
-                parents.append(node)
-            node = child[(node, tok)]
-    return tokens, parents
+    return merge_continuations(seq[-1], conts)
 
 
 def replay_lookup(prompt, output, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1,
@@ -98,15 +89,28 @@ def replay_lookup(prompt, output, max_ngram: int = 3, num_pred: int = 8, min_ngr
     return rounds
 
 
+def check_lookup(max_ngram: int, num_pred: int, min_ngram: int) -> None:
+    """ValueError in one line unless num_pred >= 1 and max_ngram >= min_ngram >= 1."""
+    if num_pred < 1 or max_ngram < min_ngram or min_ngram < 1:
+        raise ValueError(f"need num_pred >= 1 and max_ngram >= min_ngram >= 1, got num_pred={num_pred}, "
+                         f"max_ngram={max_ngram}, min_ngram={min_ngram}")
+
+
 class Lookup(Proposer):
     """Prompt lookup as a chain: the ``num_pred`` tokens after the latest earlier match of the longest suffix
     n-gram (:func:`find_candidates`); ``adaptive``: the length follows acceptance (:func:`adapt_length`)."""
 
     def __init__(self, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1, adaptive: bool = False,
                  max_pred: int = 32):
-        self.max_ngram, self.k, self.min_ngram = max_ngram, num_pred, min_ngram
+        check_lookup(max_ngram, num_pred, min_ngram)
+        if adaptive and max_pred < num_pred:
+            raise ValueError(f"max_pred ({max_pred}) must be at least the starting length num_pred ({num_pred})")
+        self.max_ngram, self.num_pred, self.k, self.min_ngram = max_ngram, num_pred, num_pred, min_ngram
         self.adaptive, self.max_pred = adaptive, max_pred
         self.max_width = 1 + (max(max_pred, num_pred) if adaptive else num_pred)
+
+    def start(self, session: Progress) -> None:
+        self.k = self.num_pred  # every generation starts from the first length
 
     def propose(self, session: Session, room: int) -> Proposal:
         drafted = find_candidates(session.seq, self.max_ngram, self.k, self.min_ngram)[:room]
@@ -122,6 +126,7 @@ class LookupTree(Proposer):
     (:func:`find_candidate_tree`)."""
 
     def __init__(self, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1, max_matches: int = 4):
+        check_lookup(max_ngram, num_pred, min_ngram)
         self.max_ngram, self.num_pred, self.min_ngram, self.max_matches = max_ngram, num_pred, min_ngram, max_matches
         self.max_width = 1 + max_matches * num_pred
 
@@ -132,10 +137,9 @@ class LookupTree(Proposer):
 
 
 def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3, num_pred: int = 8,
-                    min_ngram: int = 1, tree: bool = False, max_matches: int = 4, temperature: float = 0.0,
-                    top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                    eos_id: int | None = None, adaptive: bool = False, max_pred: int = 32,
-                    stats: DecodeStats | None = None, on_tokens=None) -> tuple[list[int], DecodeStats]:
+                    min_ngram: int = 1, tree: bool = False, max_matches: int = 4, adaptive: bool = False,
+                    max_pred: int = 32, settings: Settings | None = None,
+                    **sampling) -> tuple[list[int], DecodeStats]:
     """Speculative decoding with prompt-lookup drafts (a chain, or with ``tree=True`` a tree of several
     matches); returns (new token ids, statistics). Without a match a round is a plain decoding step.
 
@@ -144,14 +148,10 @@ def lookup_generate(target: GPT, prompt, max_new_tokens: int, max_ngram: int = 3
     adaptive: the proposal length k follows acceptance (chain only): +2 after a round where every proposed
     token was accepted, -1 after a rejection, within [1, ``max_pred``]; see the module docstring.
     ``stats.gammas`` records the number of tokens proposed in each round, ``stats.from_draft`` which output
-    tokens were proposed and accepted. on_tokens: called with each round's tokens (streaming)."""
-    if num_pred < 1 or max_ngram < min_ngram or min_ngram < 1:
-        raise ValueError(f"need num_pred >= 1 and max_ngram >= min_ngram >= 1, got num_pred={num_pred}, "
-                         f"max_ngram={max_ngram}, min_ngram={min_ngram}")
+    tokens were proposed and accepted. ``settings`` or its fields as keywords (:class:`~.session.Settings`):
+    how the target samples and when it stops."""
     if adaptive and tree:
         raise ValueError("adaptive proposal lengths are for the chain (tree=False)")
-    if adaptive and max_pred < num_pred:
-        raise ValueError(f"max_pred ({max_pred}) must be at least the starting length num_pred ({num_pred})")
     proposer = (LookupTree(max_ngram, num_pred, min_ngram, max_matches) if tree
                 else Lookup(max_ngram, num_pred, min_ngram, adaptive, max_pred))
-    return decode(target, prompt, max_new_tokens, proposer, temperature, top_k, top_p, seed, eos_id, stats, on_tokens)
+    return decode(target, prompt, max_new_tokens, proposer, settings, **sampling)

@@ -22,7 +22,7 @@ import torch
 from ..model import GPT
 from ..sampling import SamplingConfig, sample
 from .candidates import Proposal, children_of, ordered_paths, tree_from_paths
-from .session import Proposer, Session, decode
+from .session import Proposer, Session, Settings, decode
 from .stats import DecodeStats
 from .verify import greedy_rule
 
@@ -70,11 +70,19 @@ def typical_acceptance(cfg: SamplingConfig, generator, epsilon: float = 0.09, de
 
 class Medusa(Proposer):
     """The heads, reading the target's hidden state before the root, fill the candidate tree ``paths``
-    (:func:`medusa_candidates`); levels beyond the room left are dropped. ``heads``: anything with ``num_heads``
-    that maps a hidden state (C,) to logits (num_heads, V), such as :class:`minigpt.medusa_heads.MedusaHeads`."""
+    (:func:`medusa_candidates`; default: a chain of the heads' top-1 predictions); levels beyond the room left
+    are dropped. ``heads``: anything with ``num_heads`` that maps a hidden state (C,) to logits (num_heads, V),
+    such as :class:`minigpt.medusa_heads.MedusaHeads`. ``acceptance``: "exact", or "typical" (Medusa's typical
+    acceptance under sampling, with ``epsilon`` and ``delta``; not exact). Each sequence of a batch reads its own
+    hidden state and drafts on its own."""
     needs_hidden = True
 
-    def __init__(self, heads, paths):
+    def __init__(self, heads, paths=None, acceptance: str = "exact", epsilon: float = 0.09, delta: float = 0.3):
+        if acceptance not in ("exact", "typical"):
+            raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
+        paths = paths or [(0,) * d for d in range(1, heads.num_heads + 1)]
+        if acceptance == "typical":
+            self.rule = partial(_typical_rule, epsilon, delta)
         self.heads, self.paths = heads, [tuple(p) for p in paths]
         self.max_width = 1 + len(self.paths)
         if max(len(p) for p in self.paths) > heads.num_heads:
@@ -97,16 +105,12 @@ def _typical_rule(epsilon: float, delta: float, sampling: SamplingConfig, genera
 
 
 def medusa_generate(target: GPT, heads, prompt, max_new_tokens: int, paths=None, acceptance: str = "exact",
-                    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                    seed: int | None = None, eos_id: int | None = None, epsilon: float = 0.09, delta: float = 0.3,
-                    stats: DecodeStats | None = None, on_tokens=None) -> tuple[list[int], DecodeStats]:
-    """Generate with Medusa heads; returns (new token ids, statistics). ``paths``: the candidate tree (default:
-    a chain of the heads' top-1 predictions). Typical acceptance is a rule for sampling: with ``temperature=0``
-    the exact greedy rule is used either way, so greedy output is always the target's own.
-    on_tokens: called with each round's tokens (streaming); ``stats.from_draft`` marks the heads' accepted ones."""
-    if acceptance not in ("exact", "typical"):
-        raise ValueError(f"acceptance must be 'exact' or 'typical', got {acceptance!r}")
-    paths = paths or [(0,) * d for d in range(1, heads.num_heads + 1)]
-    rule = partial(_typical_rule, epsilon, delta) if acceptance == "typical" else None
-    return decode(target, prompt, max_new_tokens, Medusa(heads, paths), temperature, top_k, top_p, seed, eos_id,
-                  stats, on_tokens, rule)
+                    epsilon: float = 0.09, delta: float = 0.3, settings: Settings | None = None,
+                    **sampling) -> tuple[list[int], DecodeStats]:
+    """Generate with Medusa heads (:class:`Medusa`); returns (new token ids, statistics). ``paths``: the candidate
+    tree (default: a chain of the heads' top-1 predictions). Typical acceptance is a rule for sampling: with
+    ``temperature=0`` the exact greedy rule is used either way, so greedy output is always the target's own.
+    ``settings`` or its fields as keywords (:class:`~.session.Settings`): how the target samples and when it
+    stops; ``stats.from_draft`` marks the heads' accepted tokens."""
+    return decode(target, prompt, max_new_tokens, Medusa(heads, paths, acceptance, epsilon, delta), settings,
+                  **sampling)

@@ -8,8 +8,7 @@ import torch
 
 from ..model import GPT
 from .candidates import Proposal
-from .session import Proposer, Session, as_prompt, check_length, decode
-from .stats import DecodeStats
+from .session import Proposer, Session, Settings, as_prompt, check_length, decode
 
 
 class Plain(Proposer):
@@ -21,18 +20,16 @@ class Plain(Proposer):
         return Proposal([session.seq[-1]], [-1])
 
 
-def generate(model: GPT, prompt, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
-             top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
-             stats: DecodeStats | None = None, on_tokens=None) -> list[int]:
+def generate(model: GPT, prompt, max_new_tokens: int, settings: Settings | None = None, **sampling) -> list[int]:
     """Generate up to ``max_new_tokens`` after ``prompt`` (a list of ids); return the new ids.
 
     One target pass per new token (``stats.target_passes == len(output)``), after one prefill pass.
 
-    ``temperature=0`` is greedy. With a ``seed`` the output is reproducible. Stops early after ``eos_id``.
-    Pass a :class:`DecodeStats` to have it filled in. ``on_tokens(tokens)`` is called with every new token
-    as it is made (streaming); it changes nothing else."""
-    return decode(model, prompt, max_new_tokens, Plain(), temperature, top_k, top_p, seed, eos_id, stats,
-                  on_tokens)[0]
+    ``settings`` (:class:`~.session.Settings`) or its fields as keywords: ``temperature=0`` is greedy (also
+    ``top_k``, ``top_p``); with a ``seed`` the output is reproducible; it stops early after ``eos_id``; pass a
+    :class:`~.stats.DecodeStats` as ``stats`` to have it filled in; ``on_tokens(tokens)`` is called with every
+    new token as it is made (streaming), which changes nothing else."""
+    return decode(model, prompt, max_new_tokens, Plain(), settings, **sampling)[0]
 
 
 @torch.no_grad()

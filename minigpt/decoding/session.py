@@ -20,10 +20,17 @@ A new method is one proposer::
             return Proposal.chain(session.seq[-1], [session.seq[-1]] * min(2, room))
 
     ids, stats = decode(target, prompt, 64, RepeatLast())   # exact: greedy output identical to generate()
+
+How a generation runs, whatever the method (the target's sampling, the seed, the stop token, the statistics to
+fill, a streaming callback), is one :class:`Settings` object; every function the lessons call also takes its
+fields as keywords (``temperature=0.8, seed=1``).
 """
 from __future__ import annotations
 
+import copy
 import time
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -55,6 +62,68 @@ def check_length(model: GPT, prompt_len: int, max_new_tokens: int, extra: int = 
         raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens})"
                          f"{f' + lookahead ({extra})' if extra else ''} = {need} exceeds the model's context "
                          f"of {model.config.block_size} tokens")
+
+
+@lru_cache(maxsize=16)
+def vocabulary_difference(a, b) -> str | None:
+    """The first difference between two tokenizers (tiktoken Encodings), as llama.cpp's ``are_compatible`` looks
+    for it between a target and a draft: their sizes, their special tokens, then the text (bytes) of every
+    token; None when they are the same vocabulary."""
+    if a.n_vocab != b.n_vocab:
+        return f"{a.n_vocab} vs {b.n_vocab} tokens"
+    specials = [{t: enc.encode_single_token(t) for t in enc.special_tokens_set} for enc in (a, b)]
+    if specials[0] != specials[1]:
+        return f"special tokens {specials[0]} vs {specials[1]}"
+
+    def text(enc, i):
+        try:
+            return enc.decode_single_token_bytes(i)
+        except KeyError:  # an id with no token
+            return None
+    first = next((i for i in range(a.n_vocab) if text(a, i) != text(b, i)), None)
+    return None if first is None else f"token {first} is {text(a, first)!r} vs {text(b, first)!r}"
+
+
+def check_vocabularies(target: GPT, draft: GPT) -> None:
+    """A draft must propose in the target's vocabulary: the same size and, when both models carry their tokenizer
+    (``model.tokenizer``, set by the loaders of :mod:`minigpt.bench` and :mod:`minigpt.real`), the same special
+    tokens and the same text for every token (:func:`vocabulary_difference`). ValueError in one line."""
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"target and draft vocabularies differ ({target.config.vocab_size} vs "
+                         f"{draft.config.vocab_size}): they must share a tokenizer")
+    a, b = getattr(target, "tokenizer", None), getattr(draft, "tokenizer", None)
+    diff = None if a is None or b is None or a is b else vocabulary_difference(a, b)
+    if diff:
+        raise ValueError(f"target and draft vocabularies differ ({diff}): they must share a tokenizer")
+
+
+@dataclass
+class Settings:
+    """How one generation runs, whatever the method: how the target samples (``temperature`` 0: greedy;
+    ``top_k``, ``top_p``), the ``seed`` of its generator, the token that ends it (``eos_id``: stop after it), a
+    :class:`~.stats.DecodeStats` to fill in (``stats``), and ``on_tokens``, called with each round's accepted
+    tokens as they are decided (streaming, :class:`Stream`)."""
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    eos_id: int | None = None
+    stats: DecodeStats | None = None
+    on_tokens: Callable[[list[int]], None] | None = None
+
+    @classmethod
+    def of(cls, settings: "Settings | None" = None, **changes) -> "Settings":
+        """``settings`` (default: greedy, no seed, no stop token) with the fields in ``changes`` replaced: what
+        every decoding function does with its keywords. An unknown keyword is a TypeError naming the fields."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise TypeError(f"unknown decoding setting {unknown[0]!r}; the settings are {', '.join(sorted(known))}")
+        return replace(settings or cls(), **changes)
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
 
 
 @torch.no_grad()
@@ -107,6 +176,11 @@ class Stream:
 class Proposer:
     """What a decoding method contributes: the candidates of each round.
 
+    The loops call, for each generation: :meth:`start` once (reset what the last generation left), then each round
+    :meth:`propose` and, once the round is decided, :meth:`observe`; :meth:`finish` at the end. A batch
+    (:mod:`.batch`) gives every sequence its own copy (:meth:`fork`, then :meth:`start`) and asks the original for
+    all active sequences at once (:meth:`propose_batch`).
+
     Class attributes a proposer may set:
     ``draft``        a draft model; the session checks it, keeps its KV cache (``session.draft_cache``,
                      prefilled like the target's and rolled back after every round) and passes it nothing else;
@@ -117,19 +191,42 @@ class Proposer:
     ``speculative``  False for plain decoding: its passes are not draft-then-verify rounds in the statistics;
     ``max_width``    the most tokens one of its passes feeds the target (root included): the KV cache keeps that
                      much room beyond the context, since near the end of the context a tree's nodes may
-                     outnumber the positions left (siblings share a position; a chain never needs it)."""
+                     outnumber the positions left (siblings share a position; a chain never needs it);
+    ``rule``         the acceptance rule, as a function of (sampling, generator) (None: the exact one,
+                     :func:`~.verify.rule_for`; Medusa's typical acceptance is another);
+    ``batched``      True when :meth:`propose_batch` runs the drafting model once for all sequences of a batch
+                     (a draft chain, a draft tree); False: each sequence drafts on its own (nothing to batch, or a
+                     drafter that works per sequence), and only the target's pass is shared."""
     draft: GPT | None = None
     needs_hidden: bool = False
     speculative: bool = True
     max_width: int = 64
+    rule: Callable[[SamplingConfig, torch.Generator | None], Rule] | None = None
+    batched: bool = False
+
+    def start(self, session: "Progress") -> None:
+        """A generation begins (a :class:`Session`, or a sequence joining a batch): forget what the previous one
+        left (an adaptive length, a head's cache, a pool of n-grams)."""
 
     def propose(self, session: "Session", room: int) -> Proposal:
         """This round's candidates after ``session.seq``; ``room``: how many candidate levels can still be used
         (a deeper node would only be cut off at ``max_new_tokens``)."""
         raise NotImplementedError
 
+    def propose_batch(self, seqs: list["Progress"], rooms: list[int]) -> list[Proposal]:
+        """The candidates of every active sequence of a batch; ``seqs[i].proposer`` is sequence i's own copy (its
+        state). By default each copy proposes on its own; a proposer that drafts with a model batches its passes."""
+        return [s.proposer.propose(s, r) for s, r in zip(seqs, rooms)]
+
     def observe(self, proposal: Proposal, verified: Verified) -> None:
         """Called after each round with its outcome (adaptive proposers change their length here)."""
+
+    def finish(self, progress: "Progress") -> None:
+        """Called once when the generation has ended, with its :class:`Progress` (suffix decoding keeps the output)."""
+
+    def fork(self) -> "Proposer":
+        """A copy for another sequence of a batch: it shares the models, and :meth:`start` gives it its own state."""
+        return copy.copy(self)
 
 
 class Progress:
@@ -184,21 +281,25 @@ class Progress:
 class Session(Progress):
     """One generation with ``target``: checks, caches, prefill, generator, stopping, statistics, timing.
 
-    ``run(proposer)`` decodes to the end and returns (new ids, stats). ``rule``: a function of (sampling,
-    generator) returning the acceptance rule (default: the exact one, :func:`~.verify.rule_for`); ``max_width``:
-    the proposer's (see :class:`Proposer`)."""
+    ``run(proposer)`` decodes to the end and returns (new ids, stats). ``proposer``: the method, from which the
+    draft model, whether hidden states are kept, the room a pass needs and the acceptance rule are taken (or, for
+    a session driven by hand, ``draft``, ``needs_hidden``, ``max_width`` given directly); ``rule``: a function of
+    (sampling, generator) returning the acceptance rule, over the proposer's (default: the exact one,
+    :func:`~.verify.rule_for`)."""
 
     def __init__(self, target: GPT, prompt, max_new_tokens: int, sampling: SamplingConfig | None = None,
                  seed: int | None = None, eos_id: int | None = None, stats: DecodeStats | None = None,
                  on_tokens=None, draft: GPT | None = None, needs_hidden: bool = False,
-                 rule: Callable[[SamplingConfig, torch.Generator | None], Rule] | None = None, max_width: int = 64):
+                 rule: Callable[[SamplingConfig, torch.Generator | None], Rule] | None = None, max_width: int = 64,
+                 proposer: Proposer | None = None):
+        if proposer is not None:
+            draft, needs_hidden, max_width = proposer.draft, proposer.needs_hidden, proposer.max_width
+            rule = rule or proposer.rule
         idx = as_prompt(prompt, target)
         n_prompt = idx.shape[1]
         check_length(target, n_prompt, max_new_tokens)
         if draft is not None:
-            if draft.config.vocab_size != target.config.vocab_size:
-                raise ValueError(f"target and draft vocabularies differ ({target.config.vocab_size} vs "
-                                 f"{draft.config.vocab_size}): they must share a tokenizer")
+            check_vocabularies(target, draft)
             check_length(draft, n_prompt, max_new_tokens)
         self.target, self.draft = target, draft
         self.sampling = sampling if sampling is not None else SamplingConfig()
@@ -218,9 +319,14 @@ class Session(Progress):
         self.stats.prefills += 1
         self.stream = Stream(self.stats, max_new_tokens, eos_id, on_tokens)
         self.ended = False  # set once eos_id was produced
+        self.proposer: Proposer | None = None  # the proposer this generation runs (started on its first round)
 
     def step(self, proposer: Proposer) -> Verified:
-        """One round: propose, verify (one target pass), book, extend the sequence, roll the draft back."""
+        """One round: propose, verify (one target pass), book, extend the sequence, roll the draft back. A
+        proposer that joins the session here is started first."""
+        if proposer is not self.proposer:
+            self.proposer = proposer
+            proposer.start(self)
         proposal = proposer.propose(self, self.max_new_tokens - self.n_new - 1)
         verified = verify(self.target, self.cache, proposal, self.rule, return_hidden=self.needs_hidden)
         proposer.observe(proposal, verified)
@@ -228,28 +334,28 @@ class Session(Progress):
         return verified
 
     def run(self, proposer: Proposer) -> tuple[list[int], DecodeStats]:
-        """Rounds until ``max_new_tokens`` or ``eos_id``; returns (new ids, stats)."""
+        """:meth:`Proposer.start`, then rounds until ``max_new_tokens`` or ``eos_id``; returns (new ids, stats)."""
+        self.proposer = proposer
+        proposer.start(self)
         with torch.no_grad():
             while not self.finished:
                 self.step(proposer)
+        proposer.finish(self)
         out = self.output
         self.stats.new_tokens += len(out)
         self.stats.wall_time += time.perf_counter() - self.t0
         return out, self.stats
 
 
-def decode(target: GPT, prompt, max_new_tokens: int, proposer: Proposer, temperature: float = 0.0,
-           top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-           eos_id: int | None = None, stats: DecodeStats | None = None, on_tokens=None,
-           rule=None) -> tuple[list[int], DecodeStats]:
+def decode(target: GPT, prompt, max_new_tokens: int, proposer: Proposer, settings: Settings | None = None,
+           rule=None, **sampling) -> tuple[list[int], DecodeStats]:
     """Decode with any proposer; returns (new token ids, statistics).
 
-    temperature, top_k, top_p: how the target samples (temperature 0: greedy); seed: the generator's seed;
-    eos_id: stop after this token; stats: a :class:`DecodeStats` to fill in; on_tokens: called with each round's
-    accepted tokens (streaming, :class:`Stream`); rule: see :class:`Session`. Exact for every proposer that
-    reports the q its candidates were drawn from: greedy output identical to :func:`~.plain.generate`, sampled
-    output distributed as the target's."""
-    session = Session(target, prompt, max_new_tokens, SamplingConfig(temperature, top_k, top_p), seed, eos_id,
-                      stats, on_tokens, draft=proposer.draft, needs_hidden=proposer.needs_hidden, rule=rule,
-                      max_width=proposer.max_width)
+    ``settings`` (a :class:`Settings`) or its fields as keywords (``temperature``, ``top_k``, ``top_p``, ``seed``,
+    ``eos_id``, ``stats``, ``on_tokens``): how the target samples and when it stops; rule: see :class:`Session`.
+    Exact for every proposer that reports the q its candidates were drawn from: greedy output identical to
+    :func:`~.plain.generate`, sampled output distributed as the target's."""
+    s = Settings.of(settings, **sampling)
+    session = Session(target, prompt, max_new_tokens, s.sampling, s.seed, s.eos_id, s.stats, s.on_tokens, rule=rule,
+                      proposer=proposer)
     return session.run(proposer)

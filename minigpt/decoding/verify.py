@@ -184,18 +184,10 @@ class Verified:
 def verify(target: GPT, cache: KVCache, proposal: Proposal, rule: Rule, return_hidden: bool = False) -> Verified:
     """Score ``proposal`` with the target in one pass, apply ``rule``, and roll the cache back to the sequence
     plus the accepted candidates: a chain is cropped, a tree compacted to its accepted path (extra nodes are
-    scored in the same pass and dropped).
+    scored in the same pass and dropped). One sequence's :func:`verify_batch`.
 
     A chain is scored with the ordinary causal mask (for a chain it is the tree mask), which is cheaper."""
-    start = cache.length
-    idx = torch.tensor([proposal.tokens + proposal.extra_tokens], device=target.device)
-    if proposal.is_chain:
-        out = target(idx, cache=cache, return_hidden=return_hidden)
-    else:
-        out = target(idx, cache=cache, position_ids=proposal.position_ids(start).to(target.device),
-                     attn_mask=proposal.attention_mask().to(target.device), return_hidden=return_hidden)
-    logits, hidden = (out[0][0], out[1][0]) if return_hidden else (out[0], None)
-    return settle(cache, start, proposal, logits, hidden, rule)
+    return verify_batch(target, [cache], [proposal], [rule], return_hidden)[0]
 
 
 def settle(cache, start: int, proposal: Proposal, logits: torch.Tensor, hidden: torch.Tensor | None,
@@ -216,17 +208,27 @@ def settle(cache, start: int, proposal: Proposal, logits: torch.Tensor, hidden: 
 
 
 @torch.no_grad()
-def score_ragged(model: GPT, tables: list[PagedSequence], token_lists: list[list[int]], masks=None, positions=None,
-                 return_hidden: bool = False):
+def score_ragged(model: GPT, tables: list[PagedSequence] | list[KVCache], token_lists: list[list[int]], masks=None,
+                 positions=None, return_hidden: bool = False):
     """One pass of ``model`` over B sequences on a paged cache, sequence b appending ``token_lists[b]`` (the
     lists may differ in length: a ragged batch). masks[b]: the (n_b, n_b) mask among its new tokens (None:
-    causal); positions[b]: their (n_b,) positions (None: consecutive after the sequence's length).
+    causal); positions[b]: their (n_b,) positions (None: consecutive after the sequence's length). ``tables``
+    may instead be one contiguous :class:`~minigpt.cache.KVCache` (a single sequence: a plain pass, no padding),
+    so that a method's drafting is written once for a session and for a batch.
 
     Shorter lists are padded to the longest with copies of their last token at their last position, causal,
     so they see nothing they should not and nobody sees them; the padding is dropped from the cache after the
     pass. Returns the logits (B, T, V) and, with ``return_hidden``, the final hidden states (B, T, C); row b
     is valid in its first n_b entries. Every table ends ``n_b`` positions longer."""
     B, device = len(tables), model.device
+    if isinstance(tables[0], KVCache):  # one sequence in its own cache
+        if B != 1:
+            raise ValueError(f"a contiguous KV cache holds one sequence, not {B}: a batch needs paged block tables")
+        mask, pos = (masks or [None])[0], (positions or [None])[0]
+        out = model(torch.tensor(token_lists, device=device), cache=tables[0],
+                    position_ids=None if pos is None else pos.to(device),
+                    attn_mask=None if mask is None else mask.to(device), return_hidden=return_hidden)
+        return out if return_hidden else (out, None)
     lens = [len(t) for t in token_lists]
     if min(lens) < 1:
         raise ValueError("every sequence of a ragged batch needs at least one token")
@@ -255,11 +257,11 @@ def score_ragged(model: GPT, tables: list[PagedSequence], token_lists: list[list
 
 
 @torch.no_grad()
-def verify_batch(target: GPT, tables: list[PagedSequence], proposals: list[Proposal], rules: list[Rule],
-                 return_hidden: bool = False) -> list[Verified]:
-    """:func:`verify` for B sequences at once: one target pass over every sequence's proposal (chains and
-    trees may be mixed, and differ in size), then each sequence's own rule and rollback (:func:`settle`).
-    Each sequence's outcome is what :func:`verify` would have decided for it alone."""
+def verify_batch(target: GPT, tables: list[PagedSequence] | list[KVCache], proposals: list[Proposal],
+                 rules: list[Rule], return_hidden: bool = False) -> list[Verified]:
+    """One target pass over every sequence's proposal (chains and trees may be mixed, and differ in size; see
+    :func:`score_ragged`), then each sequence's own rule and rollback (:func:`settle`). Each sequence's outcome
+    is what it would have been decided for it alone."""
     starts = [len(t) for t in tables]
     tokens = [p.tokens + p.extra_tokens for p in proposals]
     masks = [None if p.is_chain else p.attention_mask() for p in proposals]
