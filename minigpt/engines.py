@@ -8,8 +8,10 @@ weights in C. This module puts the two side by side:
   *draft model* in llama.cpp's own protocol (a callable ``input_ids -> proposed ids``), and counts the target
   passes (llama.cpp's ``eval`` calls after the prompt) so that tokens per pass are comparable with ours;
 * :func:`llama_lookup` -- llama.cpp's own prompt lookup (``LlamaPromptLookupDecoding``), and the course's drafters
-  behind the same protocol: :class:`CourseLookupDraft` (our :func:`~minigpt.decoding.lookup.find_candidates`)
-  and :class:`CourseModelDraft` (the course's distilled SmolLM2 draft, a minigpt model with its own KV cache);
+  behind the same protocol: :class:`CourseDraft` runs any course proposer that proposes a chain from the tokens
+  alone (prompt lookup: :class:`CourseLookupDraft`; a draft model with its own KV cache, such as the course's
+  distilled SmolLM2 draft: :class:`CourseModelDraft`); :func:`engine_methods` offers every method whose
+  declaration names a llama.cpp counterpart (``llama_cpp=`` in :mod:`minigpt.decoding.registry`);
 * :func:`agreement` -- where two greedy outputs part (llama.cpp's tokens against minigpt's);
 * :func:`batch_consistency` -- the property speculative decoding rests on: scoring k tokens in one pass must
   give the logits of k one-token passes. minigpt's fp32 path keeps it to rounding; llama.cpp's batched
@@ -21,14 +23,14 @@ with minigpt. Install: ``pip install -e ".[engines]"`` (builds llama.cpp from so
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .cache import KVCache
-from .decoding import DecodeStats
-from .decoding.chain import draft_tokens
-from .decoding.lookup import find_candidates
+from .decoding import Chain, DecodeStats, Lookup, Proposer
+from .decoding.registry import METHODS, Models
 from .model import GPT
 from .real.smollm import gguf_path
 from .sampling import SamplingConfig
@@ -141,42 +143,68 @@ class LlamaCpp:
         return np.concatenate(rows)
 
 
-class CourseLookupDraft:
-    """The course's prompt lookup (:func:`~minigpt.decoding.lookup.find_candidates`: the most recent earlier
-    match of the longest suffix n-gram) in llama.cpp's draft-model protocol. llama.cpp's own
-    ``LlamaPromptLookupDecoding`` takes the *first* match instead."""
-
-    def __init__(self, max_ngram: int = 3, num_pred: int = 8):
-        self.max_ngram, self.num_pred = max_ngram, num_pred
-
-    def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
-        return np.array(find_candidates(np.asarray(input_ids), self.max_ngram, self.num_pred), dtype=np.intc)
+@dataclass
+class _Tokens:
+    """What a proposer reads of a generation when llama.cpp drives it: the tokens so far, the draft's cache (if
+    it has a draft model), greedy sampling (llama.cpp verifies greedily), no generator."""
+    seq: list[int]
+    draft_cache: KVCache | None
+    sampling: SamplingConfig = GREEDY
+    generator: None = None
 
 
-class CourseModelDraft:
-    """A minigpt draft model (the course's distilled SmolLM2 draft) proposing ``gamma`` greedy tokens per round in
-    llama.cpp's protocol. Its KV cache is kept between rounds: each call crops it to the part of
-    ``input_ids`` it has already seen and feeds only the rest."""
+class CourseDraft:
+    """A course proposer drafting for llama.cpp, in its draft-model protocol (``input_ids -> proposed ids``).
 
-    def __init__(self, draft: GPT, gamma: int = 4):
-        self.draft, self.gamma = draft, gamma
-        self.cache = KVCache.for_model(draft)
-        self.seen: list[int] = []
+    Any proposer that proposes a chain from the tokens alone can: prompt lookup, a draft model's chain. A draft
+    model keeps its KV cache between calls: each call crops it to the part of ``input_ids`` it has already seen
+    and feeds only the rest. ``context``: the longest sequence it may draft up to (default: the draft model's,
+    unlimited without one). ``passes`` counts the draft model's passes."""
+
+    def __init__(self, proposer: Proposer, context: int | None = None):
+        if proposer.needs_hidden:
+            raise ValueError(f"{type(proposer).__name__} reads the target's hidden states, which llama.cpp's draft "
+                             f"protocol does not pass (token ids only)")
+        self.proposer, self.draft = proposer, proposer.draft
+        self.context = context or (self.draft.config.block_size if self.draft is not None else None)
+        self.cache = None if self.draft is None else KVCache.for_model(self.draft)
+        self.seen: list[int] = []   # what the draft's cache holds
         self.passes = 0
+        proposer.start(_Tokens([], self.cache))
 
     @torch.no_grad()
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
         ids = [int(t) for t in np.asarray(input_ids)]
-        common = agreement(self.seen, ids[:-1])["agreeing_prefix"]   # what the cache still holds of ids
-        room = self.draft.config.block_size - len(ids)
-        g = min(self.gamma, room)
-        if g < 1:
+        room = 1 << 30 if self.context is None else self.context - len(ids)
+        if room < 1:
             return np.array([], dtype=np.intc)
-        self.cache.crop(common)
-        out, _ = draft_tokens(self.draft, self.cache, ids[common:], g, GREEDY)   # the chain's own drafting loop
-        self.passes += len(out)
-        self.seen = ids + out[:-1]   # what the cache holds now: everything fed, the last drafted token not yet
+        if self.cache is not None:
+            self.cache.crop(agreement(self.seen, ids[:-1])["agreeing_prefix"])   # what it still holds of ids
+        proposal = self.proposer.propose(_Tokens(ids, self.cache), room)
+        if not proposal.is_chain:
+            raise ValueError(f"{type(self.proposer).__name__} proposed a tree; llama.cpp verifies one chain")
+        out = proposal.candidates
+        self.passes += proposal.draft_passes
+        if self.cache is not None:
+            self.seen = (ids + out)[:self.cache.length]
         return np.array(out, dtype=np.intc)
+
+
+class CourseLookupDraft(CourseDraft):
+    """The course's prompt lookup (:func:`~minigpt.decoding.lookup.find_candidates`: the most recent earlier
+    match of the longest suffix n-gram) in llama.cpp's protocol. llama.cpp's own ``LlamaPromptLookupDecoding``
+    takes the *first* match instead."""
+
+    def __init__(self, max_ngram: int = 3, num_pred: int = 8):
+        super().__init__(Lookup(max_ngram, num_pred))
+
+
+class CourseModelDraft(CourseDraft):
+    """A minigpt draft model (the course's distilled SmolLM2 draft) proposing ``gamma`` greedy tokens per round in
+    llama.cpp's protocol (the chain's own drafting, :class:`~minigpt.decoding.chain.Chain`)."""
+
+    def __init__(self, draft: GPT, gamma: int = 4):
+        super().__init__(Chain(draft, gamma))
 
 
 def llama_lookup(max_ngram: int = 3, num_pred: int = 8):
@@ -245,24 +273,30 @@ class EngineMethod:
         return out
 
 
-def engine_methods(engine: LlamaCpp, draft: GPT | None = None, eos_id: int | None = None, gamma: int = 4,
-                   max_ngram: int = 3, num_pred: int = 8) -> dict[str, EngineMethod]:
-    """llama.cpp's decoders on SmolLM2's GGUF: ``llama_plain``, ``llama_lookup`` (its own prompt lookup),
-    ``llama_course_lookup`` (the course's lookup as its draft) and, given the course's SmolLM2 ``draft``,
-    ``llama_course_draft`` (that model drafting ``gamma`` tokens for llama.cpp to verify). EAGLE cannot join:
-    llama.cpp's draft protocol passes token ids only, and EAGLE needs the target's own features."""
+def engine_methods(engine: LlamaCpp, models: Models, params: dict | None = None) -> dict[str, EngineMethod]:
+    """llama.cpp's decoders on SmolLM2's GGUF: ``llama_plain``, ``llama_lookup`` (its own prompt lookup, with
+    our prompt lookup's settings) and, for every method whose declaration names a llama.cpp counterpart and whose
+    drafter ``models`` has, that method's proposer drafting inside llama.cpp (:class:`CourseDraft`; e.g.
+    ``llama_course_lookup``, ``llama_course_draft``). ``params``: our methods' parameters (default: their
+    declared defaults for ``models.family``); every method stops after ``models.eos_id``. EAGLE and Medusa
+    cannot join: llama.cpp's draft protocol passes token ids only, and they read the target's own features."""
     version = require_llama_cpp().__version__
-    lookup = dict(max_ngram=max_ngram, num_pred=num_pred)
+    params = params or {}
+
+    def settings(name):
+        return params.get(name) or METHODS[name].defaults(models.family)
+    lookup = {k: settings("prompt_lookup")[k] for k in ("max_ngram", "num_pred")}
     methods = {
-        "llama_plain": EngineMethod("llama_plain", engine, None, eos_id,
+        "llama_plain": EngineMethod("llama_plain", engine, None, models.eos_id,
                                     f"llama.cpp (llama-cpp-python {version}) greedy, quantised GGUF weights"),
-        "llama_lookup": EngineMethod("llama_lookup", engine, lambda: llama_lookup(**lookup), eos_id,
-                                     f"llama.cpp's LlamaPromptLookupDecoding as draft_model", lookup),
-        "llama_course_lookup": EngineMethod("llama_course_lookup", engine, lambda: CourseLookupDraft(**lookup),
-                                            eos_id, "the course's prompt lookup inside llama.cpp", lookup),
+        "llama_lookup": EngineMethod("llama_lookup", engine, lambda: llama_lookup(**lookup), models.eos_id,
+                                     "llama.cpp's LlamaPromptLookupDecoding as draft_model", lookup),
     }
-    if draft is not None:
-        methods["llama_course_draft"] = EngineMethod(
-            "llama_course_draft", engine, lambda: CourseModelDraft(draft, gamma), eos_id,
-            "the course's distilled SmolLM2 draft (minigpt, fp32) drafting for llama.cpp", dict(gamma=gamma))
+    for name, method in METHODS.items():
+        if method.llama_cpp in (None, "llama_plain") or method.missing(models) or method.needs_hidden:
+            continue
+        kw = settings(name)
+        methods[method.llama_cpp] = EngineMethod(
+            method.llama_cpp, engine, lambda m=method, kw=kw: CourseDraft(m.make(models, **kw)), models.eos_id,
+            f"the course's {name} ({method.description}) drafting for llama.cpp", kw)
     return methods

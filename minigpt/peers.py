@@ -7,6 +7,9 @@ and greedy decoding must produce the same tokens; what differs is the code aroun
 * ``hf_assisted``       -- assisted generation, our draft as ``assistant_model`` vs ours ``chain``;
 * ``hf_prompt_lookup``  -- ``prompt_lookup_num_tokens``                       vs ours ``prompt_lookup``.
 
+Which of our methods each pairs with is declared with the method (``transformers=`` in
+:mod:`minigpt.decoding.registry`); :data:`PAIRS` reads it.
+
 Settings that make the pairs comparable: greedy, ``use_cache=True``, an all-ones attention mask, pad/bos/eos =
 ``<|endoftext|>`` but *no* stopping at it unless ``eos_id`` is given (our decoders do not stop either);
 assisted generation drafts a constant ``gamma`` tokens (``num_assistant_tokens_schedule="constant"``) with its
@@ -33,14 +36,15 @@ import time
 import torch
 
 from .checkpoint import load_pretrained
-from .decoding import DecodeStats, generate, speculative_generate
-from .decoding.lookup import lookup_generate
+from .decoding import DecodeStats
+from .decoding.registry import METHODS, Models
 from .device import get_device, synchronize, time_rotating_over
 from .model import GPT
 from .prompts import code_prompts, edit_prompts
 from .real.hf import require_transformers, to_hf
 
-PAIRS = {"hf_plain": "plain", "hf_assisted": "chain", "hf_prompt_lookup": "prompt_lookup"}
+# transformers' decoder -> the method of ours it races, from the methods' declarations
+PAIRS = {m.transformers: name for name, m in METHODS.items() if m.transformers}
 
 
 def _count_passes(hf_model) -> None:
@@ -134,20 +138,25 @@ def peer_methods(target: GPT, draft: GPT | None = None, gamma: int = 4, max_ngra
 
 
 def settings_from_bench(params: dict) -> dict:
-    """:func:`peer_methods`' settings from :mod:`minigpt.bench`'s per-method ``params`` (``{"chain":
-    {"gamma": 4}, "prompt_lookup": {...}}``), so both libraries run with the same draft lengths."""
-    chain, lookup = params.get("chain", {}), params.get("prompt_lookup", {})
-    return dict(gamma=chain.get("gamma", 4), max_ngram=lookup.get("max_ngram", lookup.get("ngram", 3)),
-                num_pred=lookup.get("num_pred", lookup.get("gamma", 8)))
+    """:func:`peer_methods`' settings from our methods' parameters (``{"chain": {"gamma": 4}, "prompt_lookup":
+    {...}}``, each method's declared defaults where absent): the draft length of the method ``hf_assisted``
+    races, the n-gram and copied tokens of the one ``hf_prompt_lookup`` races, so both libraries draft alike."""
+    ours = {theirs: params.get(name, METHODS[name].params) for theirs, name in PAIRS.items()}
+    assisted, lookup = ours["hf_assisted"], ours["hf_prompt_lookup"]
+    return dict(gamma=assisted["gamma"], max_ngram=lookup["max_ngram"], num_pred=lookup["num_pred"])
 
 
 def our_methods(target: GPT, draft: GPT | None = None, gamma: int = 4, max_ngram: int = 3,
                 num_pred: int = 8) -> dict:
-    """Our decoders with the same settings: name -> fn(prompt, max_new_tokens) -> ids."""
-    ours = {"plain": lambda p, n: generate(target, p, n)}
-    if draft is not None:
-        ours["chain"] = lambda p, n: speculative_generate(target, draft, p, n, gamma=gamma)[0]
-    ours["prompt_lookup"] = lambda p, n: lookup_generate(target, p, n, max_ngram=max_ngram, num_pred=num_pred)[0]
+    """Our side of every pair that can run with these models, with the same settings: name -> fn(prompt,
+    max_new_tokens) -> ids."""
+    models, given = Models(target, draft), dict(gamma=gamma, max_ngram=max_ngram, num_pred=num_pred)
+    ours = {}
+    for name in PAIRS.values():
+        method = METHODS[name]
+        if not method.missing(models):
+            params = {k: given.get(k, v) for k, v in method.params.items()}
+            ours[name] = lambda p, n, m=method, kw=params: m.run(models, p, n, **kw)[0]
     return ours
 
 

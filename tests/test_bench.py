@@ -10,7 +10,7 @@ import torch
 
 from conftest import perturbed_copy, random_model
 from minigpt import bench
-from minigpt.decoding import DecodeStats, generate
+from minigpt.decoding import Lookup, Plain, generate
 from minigpt.prompts import Prompt, code_prompts, edit_prompts, prose_prompts, split_code_and_prose
 from minigpt.tokenizer import load_tokenizer
 
@@ -140,31 +140,44 @@ def test_self_speculation_method_is_exact_and_uses_the_early_exit_depth():
         bench.run_bench(["self_spec"], models=models, prompts=small_prompts(1), max_new_tokens=4, repeats=1)
 
 
-def test_identity_check_catches_a_wrong_method(monkeypatch):
-    def off_by_one(models, prompt, max_new_tokens):  # plain greedy, but its last token is wrong
-        stats = DecodeStats()
-        ids = generate(models.target, prompt, max_new_tokens, stats=stats)
-        return ids[:-1] + [(ids[-1] + 1) % 97], stats
+class KeepEverything(Lookup):
+    """A wrong method: prompt lookup whose rule keeps every copied token (its output follows the copies, not the
+    target)."""
+    @staticmethod
+    def rule(sampling, generator):
+        return lambda proposal, logits: (list(range(1, len(proposal.tokens))), int(logits[-1].argmax()))
 
-    monkeypatch.setitem(bench.METHODS, "off_by_one", bench.Method("off_by_one", off_by_one))
-    records = bench.run_bench(["off_by_one"], models=small_pair(), prompts=small_prompts(2), max_new_tokens=6,
-                              repeats=1)
+
+def test_identity_check_catches_a_wrong_method(monkeypatch):
+    monkeypatch.setitem(bench.METHODS, "keep_everything", None)   # the declaration is undone afterwards
+    bench.declare("keep_everything", KeepEverything, "prompt lookup, every copied token kept",
+                  params=dict(max_ngram=2, num_pred=4))
+    prompts = [[5, 6, 7, 8, 5, 6], [1, 2, 3, 1, 2]]          # repeats: lookup copies, and the copies are kept
+    records = bench.run_bench(["keep_everything"], models=small_pair(), prompts=prompts, max_new_tokens=6, repeats=1)
     assert records[0]["identical_to_plain_greedy"] is True
     assert records[1]["identical_to_plain_greedy"] is False and records[1]["mismatched_prompts"] == [0, 1]
 
 
-def test_register_adds_a_method(monkeypatch):
-    monkeypatch.setitem(bench.METHODS, "plain_again", None)  # so that the registration is undone afterwards
+def test_declare_adds_a_method(monkeypatch):
+    monkeypatch.setitem(bench.METHODS, "plain_again", None)  # so that the declaration is undone afterwards
+    seen = []
 
-    @bench.register("plain_again", "plain decoding under another name", unused=7)
-    def _again(models, prompt, max_new_tokens, unused):
-        assert unused == 7
-        return bench.METHODS["plain"].run(models, prompt, max_new_tokens)
-
+    def build(models, unused):
+        seen.append(unused)
+        return Plain()
+    bench.declare("plain_again", Plain, "plain decoding under another name", build=build, params=dict(unused=7))
     records = bench.run_bench(["plain_again"], models=small_pair(), prompts=small_prompts(1), max_new_tokens=4,
                               repeats=1)
     assert records[1]["method"] == "plain_again" and records[1]["identical_to_plain_greedy"]
-    assert records[1]["tokens_per_target_pass"] == 1
+    assert records[1]["tokens_per_target_pass"] == 1 and set(seen) == {7}
+    with pytest.raises(ValueError, match="has no parameter 'gamma'"):
+        bench.METHODS["plain_again"].make(small_pair(), gamma=3)
+
+
+def test_a_method_without_its_drafter_fails_in_one_line():
+    with pytest.raises(ValueError, match="the medusa method needs Medusa heads, and none is loaded"):
+        bench.run_bench(["medusa"], models=bench.Models(random_model(1)), prompts=small_prompts(1), max_new_tokens=4,
+                        repeats=1)
 
 
 # ---------------------------------------------------------------- the command line

@@ -7,14 +7,15 @@ import torch
 
 from conftest import perturbed_copy, random_model
 from minigpt.real import chat
-from minigpt.decoding import generate
+from minigpt.decoding import METHODS, Models, generate
+from minigpt.eagle_head import EagleHead
 from minigpt.medusa_heads import MedusaHeads
 
 EOS = 256                                       # byte ids 0..255, then the end token
 MODEL = random_model(4, vocab_size=257, n_layer=3, block_size=160)
-DRAFTERS = chat.Drafters(draft=perturbed_copy(MODEL, 0.05), heads=MedusaHeads.for_target(MODEL, n_heads=2),
-                         paths=[(0,), (1,), (0, 0)], early_exit_layers=1, gamma=3,
-                         lookup=dict(max_ngram=3, num_pred=4, max_pred=8))
+MODELS = Models(MODEL, draft=perturbed_copy(MODEL, 0.05), medusa_heads=MedusaHeads.for_target(MODEL, n_heads=2),
+                medusa_paths=[(0,), (1,), (0, 0)], eagle_head=EagleHead(MODEL).eval(), early_exit_layers=1)
+PARAMS = dict(gamma=3, max_ngram=3, num_pred=4, max_pred=8)   # each method takes those it has
 
 
 def decode(ids) -> str:
@@ -31,11 +32,17 @@ PROMPT = prompt_of("abc abc abc ab")
 def run(prompt, eos_id, max_new_tokens=40, **kw):
     pieces = []
     answer = chat.stream_answer(MODEL, prompt, decode, eos_id, max_new_tokens, write=pieces.append,
-                                drafters=DRAFTERS, **kw)
+                                models=MODELS, params=PARAMS, **kw)
     return answer, pieces
 
 
-@pytest.mark.parametrize("speculate", chat.SPECULATE)
+def test_the_chat_offers_every_declared_method_whose_drafters_are_loaded():
+    assert chat.choices(MODELS) == list(METHODS)
+    assert chat.choices(Models(MODEL)) == [n for n, m in METHODS.items() if not m.needs]
+    assert set(chat.ALIASES.values()) <= set(METHODS)
+
+
+@pytest.mark.parametrize("speculate", list(METHODS) + list(chat.ALIASES))
 def test_streamed_text_is_the_full_generation(speculate):
     free = generate(MODEL, PROMPT, 40)
     never = next(t for t in range(256) if t not in free)     # an end token the model does not produce here
@@ -114,12 +121,12 @@ def test_repl_keeps_the_history_and_ends_at_quit_or_end_of_input():
 
 
 def test_unknown_or_missing_drafters_are_one_line_errors():
-    with pytest.raises(ValueError, match="unknown --speculate"):
-        chat.decoder_for("beam", MODEL)
-    with pytest.raises(ValueError, match="needs a draft model"):
-        chat.decoder_for("draft", MODEL, chat.Drafters())
+    with pytest.raises(ValueError, match="unknown --speculate 'beam'; choose one of plain, "):
+        chat.decoder_for("beam", Models(MODEL))
+    with pytest.raises(ValueError, match="the chain method needs a draft model, and none is loaded"):
+        chat.decoder_for("draft", Models(MODEL))
     with pytest.raises(ValueError, match="needs Medusa heads"):
-        chat.decoder_for("medusa", MODEL)
+        chat.decoder_for("medusa", Models(MODEL))
 
 
 def test_chat_command_without_the_file_is_one_line(monkeypatch, tmp_path, capsys):

@@ -1,7 +1,7 @@
-"""The batch-size benchmark, ``python -m minigpt.bench --batch 1,2,4,8,16``: plain, chain and prompt-lookup
-decoding (and EAGLE, with ``--methods plain,eagle``) of B requests at once on the paged cache
-(:mod:`minigpt.decoding.batch`), with the settings the single-sequence benchmark registers for each method, and
-how the speed-up of speculation over plain decoding changes with B.
+"""The batch-size benchmark, ``python -m minigpt.bench --batch 1,2,4,8,16``: B requests at once on the paged cache
+(:mod:`minigpt.decoding.batch`) with any declared method (default plain, chain and prompt lookup; ``--methods``
+names others), each with the settings its declaration gives the single-sequence benchmark, and how the speed-up
+of speculation over plain decoding changes with B.
 
 Each batch size gets its own interleaved race (:func:`~minigpt.device.time_rotating_over`): every repeat
 decodes the same B prompts with every method, plain twice (its A/A twin), the order rotating. The unit is the
@@ -13,34 +13,15 @@ from __future__ import annotations
 
 import statistics
 
-from ..decoding import Lookup, generate
-from ..decoding.batch import BatchedChain, PerSequence, decode_batch
-from ..decoding.eagle import Eagle
-from ..decoding.plain import Plain
+from ..decoding import generate
+from ..decoding.batch import decode_batch
 from ..device import time_rotating_over
 from ..prompts import code_prompts, edit_prompts
 from ..verdict import aa_band, paired_ratios, ratio_interval, speed_verdict, twin_of
-from .methods import Models
-from .run import resolve_params
+from .methods import METHODS, Models
+from .run import check_methods, resolve_params
 
-BATCH_METHODS = ("plain", "chain", "prompt_lookup", "eagle")
 DEFAULT_BATCH_METHODS = ("plain", "chain", "prompt_lookup")
-
-
-def batch_proposer(name: str, models: Models, params: dict):
-    """The batched proposer for a benchmark method name, with its parameters (:func:`.run.resolve_params`: the
-    registered ones, ``gamma`` overridden)."""
-    if name == "plain":
-        return PerSequence(Plain)
-    if name == "chain":
-        return BatchedChain(models.draft, params["gamma"])
-    if name == "prompt_lookup":
-        return PerSequence(lambda: Lookup(params["max_ngram"], params["num_pred"]))
-    if name == "eagle":  # the head drafts sequence by sequence; verification is batched
-        if models.eagle_head is None:
-            raise ValueError("the eagle method needs models.eagle_head")
-        return PerSequence(lambda: Eagle(models.eagle_head, params["depth"], params["top_k"], params["total_tokens"]))
-    raise ValueError(f"no batched version of {name!r}; batched methods: {', '.join(BATCH_METHODS)}")
 
 
 def batch_prompts(n: int, edit_share: float = 0.25) -> list:
@@ -65,28 +46,25 @@ def run_batch_bench(batch_sizes=(1, 2, 4, 8, 16), methods=DEFAULT_BATCH_METHODS,
     over plain in the same race (median and range of the per-repeat ratios), its verdict against plain's A/A
     ``noise_band`` (plain's record keeps the ``aa_ratios``), tokens per
     target pass (all sequences' tokens over the batch's passes, and per sequence), and whether every output
-    equals its solo plain output. ``gamma``: the draft length (default: the chain's registered one);
-    ``prompts``: the requests (default :func:`batch_prompts` of the largest B); batch B takes the first B."""
-    if "plain" not in methods:
-        methods = ("plain",) + tuple(methods)
-    for name in methods:
-        if name not in BATCH_METHODS:
-            raise ValueError(f"no batched version of {name!r}; batched methods: {', '.join(BATCH_METHODS)}")
+    equals its solo plain output. ``methods``: any declared ones (:data:`~minigpt.decoding.registry.METHODS`;
+    plain is always raced); ``gamma``: the draft length (default: each method's declared one); ``prompts``: the
+    requests (default :func:`batch_prompts` of the largest B); batch B takes the first B."""
+    methods = tuple(check_methods(methods))
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch sizes must be positive, got {list(batch_sizes)}")
-    models = models or Models.shipped(device or "cpu", eagle="eagle" in methods)
+    models = models or Models.shipped(device or "cpu", methods=methods)
     prompts = prompts if prompts is not None else batch_prompts(max(batch_sizes))
     if len(prompts) < max(batch_sizes):
         raise ValueError(f"{len(prompts)} prompts for a batch of {max(batch_sizes)}")
-    params = resolve_params(list(methods), gamma)
-    solo = [generate(models.target, p, max_new_tokens) for p in prompts[:max(batch_sizes)]]
+    params = resolve_params(list(methods), gamma, family=models.family)
+    solo = [generate(models.target, p, max_new_tokens, eos_id=models.eos_id) for p in prompts[:max(batch_sizes)]]
     records = []
     for B in batch_sizes:
         if log:
             log(f"batch {B}")
         batch = [list(p) for p in prompts[:B]]
-        fns = {name: (lambda ps, prop=batch_proposer(name, models, params[name]): decode_batch(models.target, ps,
-                                                                                       max_new_tokens, prop))
+        fns = {name: (lambda ps, prop=METHODS[name].make(models, **params[name]):
+                      decode_batch(models.target, ps, max_new_tokens, prop, eos_id=models.eos_id))
                for name in methods}
         seconds, results = time_rotating_over(fns, [batch], models.target.device, repeat=repeats, warmup=1,
                                               aa="plain")

@@ -57,10 +57,12 @@ def bench_prompts(n_code: int, n_edit: int) -> list[Prompt]:
     return code_prompts(n_code) + edit_prompts(n_edit)
 
 
-def resolve_params(names: list[str], gamma: int | None = None, overrides: dict | None = None) -> dict[str, dict]:
-    """Each method's parameters: its registered defaults, ``gamma`` for every method that has a draft length,
-    then ``overrides`` (``{"prompt_lookup": {"num_pred": 16}}``; a parameter the method lacks is an error)."""
-    params = {n: {k: (gamma if k == "gamma" and gamma is not None else v) for k, v in METHODS[n].params.items()}
+def resolve_params(names: list[str], gamma: int | None = None, overrides: dict | None = None,
+                   family: str = "course") -> dict[str, dict]:
+    """Each method's parameters: its declared defaults for the model ``family``, ``gamma`` for every method that
+    has a draft length, then ``overrides`` (``{"prompt_lookup": {"num_pred": 16}}``; a parameter the method lacks
+    is an error)."""
+    params = {n: {k: (gamma if k == "gamma" and gamma is not None else v) for k, v in METHODS[n].defaults(family).items()}
               for n in names}
     for n, over in (overrides or {}).items():
         if n in params:
@@ -72,10 +74,9 @@ def resolve_params(names: list[str], gamma: int | None = None, overrides: dict |
 
 
 def with_our_side(names: list[str], models: Models) -> list[str]:
-    """``names`` and our side of each transformers pair (:data:`minigpt.peers.PAIRS`), so that both race; the
-    chain only when there is a draft to assist with."""
-    return names + [ours for ours in PAIRS.values()
-                    if ours in METHODS and ours not in names and (ours != "chain" or models.draft is not None)]
+    """``names`` and our side of each transformers pair (:data:`minigpt.peers.PAIRS`), so that both race; a side
+    only when what it needs is loaded (the chain, a draft to assist with)."""
+    return names + [ours for ours in PAIRS.values() if ours not in names and not METHODS[ours].missing(models)]
 
 
 def peer_race(models: Models, names: list[str], params: dict) -> dict[str, PeerMethod]:
@@ -262,13 +263,13 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
     names = check_methods(methods)
     dev = check_device(device) if models is None else models.target.device
     if models is None:
-        models = Models.shipped(dev, medusa="medusa" in names, eagle="eagle" in names)
+        models = Models.shipped(dev, methods=names)
     if peers:
         names = with_our_side(names, models)
     prompts = prompts if prompts is not None else bench_prompts(n_code, n_edit)
     if not prompts:
         raise ValueError("no prompts to run")
-    params = resolve_params(names, gamma, method_params)
+    params = resolve_params(names, gamma, method_params, models.family)
     peer_fns = peer_race(models, names, params) if peers else {}
     engine_fns = dict(engines or {})
     if engine_fns and "llama_plain" not in engine_fns:

@@ -1,9 +1,9 @@
-"""The benchmark on SmolLM2-135M-Instruct (Lesson 09): its :class:`~minigpt.bench.methods.Models` and the
+"""The benchmark on SmolLM2-135M-Instruct (Lesson 09): its :class:`~minigpt.decoding.registry.Models` and the
 ``--model smollm2`` branch of the command line.
 
 Chat requests instead of code windows (:data:`minigpt.real.request_sets.REQUESTS` and ``HELD_OUT_REQUESTS``),
-prompt lookup with the settings chosen for SmolLM2 (:data:`minigpt.real.loaders.LOOKUP_SETTINGS`), and only
-the drafters that exist for it.
+each method with its defaults for the "smollm2" family (prompt lookup's chosen for SmolLM2), and only the methods
+whose drafters are installed (the others are skipped in one line).
 """
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ import sys
 from ..checkpoint import CheckpointError
 from ..engines import LlamaCpp, engine_methods
 from ..real.hf import load_hf_smollm
-from ..real.loaders import (EARLY_EXIT_LAYERS, LOOKUP_SETTINGS, SMOLLM2_DRAFT_CHECKPOINT, SMOLLM2_EAGLE_CHECKPOINT,
-                            SMOLLM2_MEDUSA_CHECKPOINT, load_smollm2_draft, load_smollm2_eagle, load_smollm2_medusa)
+from ..real.loaders import EARLY_EXIT_LAYERS, TRAIN_COMMANDS, load_drafters
 from ..real.request_sets import KINDS, real_prompts
 from ..real.smollm import STOP, load_smollm, load_smollm_tokenizer
-from .methods import Models
-from .run import run_bench
+from .methods import METHODS, Models
+from .run import resolve_params, run_bench
 from .table import report
 
 # per_kind None = every request of the chosen kinds and split. Long enough for an edit request's answer, which
@@ -27,19 +26,16 @@ SMOLLM2_BENCH_PRESETS = {"full": dict(per_kind=None, max_new_tokens=256, repeats
 
 
 def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=None, eagle: bool = True) -> Models:
-    """:class:`~minigpt.bench.methods.Models` for SmolLM2: the model (``target``, or loaded), the shipped draft,
-    Medusa heads and EAGLE head when present, the depth of the self-speculation draft, and ``<|im_end|>`` as the
-    token that ends an answer."""
+    """:class:`~minigpt.decoding.registry.Models` for SmolLM2 (the "smollm2" family): the model (``target``, or
+    loaded) and its tokenizer, the shipped draft, Medusa heads and EAGLE head when present, the depth of the
+    self-speculation draft, and ``<|im_end|>`` as the token that ends an answer."""
     target = load_smollm(device) if target is None else target
-    models = Models(target, early_exit_layers=EARLY_EXIT_LAYERS,
-                    eos_id=load_smollm_tokenizer().encode_single_token(STOP))
-    if draft and SMOLLM2_DRAFT_CHECKPOINT.exists():
-        models.draft = load_smollm2_draft(target.device)
-    if medusa and SMOLLM2_MEDUSA_CHECKPOINT.exists():
-        models.medusa_heads, models.medusa_paths = load_smollm2_medusa(target)
-    if eagle and SMOLLM2_EAGLE_CHECKPOINT.exists():
-        models.eagle_head = load_smollm2_eagle(target)
-    return models
+    enc = load_smollm_tokenizer()
+    target.tokenizer = enc
+    models = Models(target, early_exit_layers=EARLY_EXIT_LAYERS, eos_id=enc.encode_single_token(STOP),
+                    family="smollm2")
+    wanted = [need for need, want in (("draft", draft), ("medusa_heads", medusa), ("eagle_head", eagle)) if want]
+    return load_drafters(models, wanted)
 
 
 def main_smollm2(args, prog: str, names: list[str], dev) -> int:
@@ -52,30 +48,28 @@ def main_smollm2(args, prog: str, names: list[str], dev) -> int:
     kinds = tuple(k.strip() for k in (args.kinds or ",".join(KINDS)).split(",") if k.strip())
     try:
         prompts = real_prompts(kinds=kinds, per_kind=cfg.pop("per_kind"), split=args.split)
-        models = smollm2_models(dev, draft=True, medusa="medusa" in names, eagle="eagle" in names)
+        needs = {n for name in names for n in METHODS[name].needs}
+        models = smollm2_models(dev, draft=True, medusa="medusa_heads" in needs, eagle="eagle_head" in needs)
         if args.peers:
             models.hf_target = load_hf_smollm(dev)
         engines = None
         if args.engines:
-            lookup = LOOKUP_SETTINGS.get("prompt_lookup", {})
-            engines = engine_methods(LlamaCpp(n_threads=args.threads or 1), models.draft, models.eos_id,
-                                     gamma=args.gamma or 4, **{k: lookup[k] for k in ("max_ngram", "num_pred")
-                                                               if k in lookup})
+            engines = engine_methods(LlamaCpp(n_threads=args.threads or 1), models,
+                                     resolve_params(list(METHODS), args.gamma, family=models.family))
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except (FileNotFoundError, ImportError, CheckpointError) as e:
         print(f"{prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    missing = {"chain": models.draft, "tree": models.draft, "medusa": models.medusa_heads, "eagle": models.eagle_head}
-    skipped = [n for n in names if n in missing and missing[n] is None]
+    skipped = {n: METHODS[n].needs for n in names if METHODS[n].missing(models)}
     if skipped:
+        commands = sorted({TRAIN_COMMANDS[need] for needs in skipped.values() for need in needs if need in TRAIN_COMMANDS})
         print(f"skipping {', '.join(skipped)}: no trained drafter for SmolLM2 is installed "
-              f"(python -m minigpt.real train-draft / train-medusa / train-eagle)", file=sys.stderr)
+              f"(python -m minigpt.real {' / '.join(commands)})", file=sys.stderr)
     names = [n for n in names if n not in skipped]
     print(f"benchmarking {', '.join(names)} on SmolLM2-135M-Instruct, {dev}: {len(prompts)} chat prompts, {cfg}",
           file=sys.stderr)
-    records = run_bench(names, gamma=args.gamma, models=models, prompts=prompts, peers=args.peers,
-                        method_params=LOOKUP_SETTINGS, engines=engines, log=lambda m: print(m, file=sys.stderr),
-                        **cfg)
+    records = run_bench(names, gamma=args.gamma, models=models, prompts=prompts, peers=args.peers, engines=engines,
+                        log=lambda m: print(m, file=sys.stderr), **cfg)
     return report(records, args.json)

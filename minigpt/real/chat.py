@@ -1,8 +1,9 @@
 """A speculative chat: answers stream out as the decoder accepts them.
 
 :func:`stream_answer` is the streaming loop. It takes any model, a tokenizer-like ``decode`` (ids -> text) and
-the id that ends an answer, runs one of the decoders with an ``on_tokens`` callback, and writes each round's
-accepted run as soon as it is verified. Text is decoded incrementally: a byte-level tokenizer can split a
+the id that ends an answer, runs any declared decoding method (:data:`minigpt.decoding.registry.METHODS`; the
+chat offers those whose drafters are loaded, :func:`choices`) with an ``on_tokens`` callback, and writes each
+round's accepted run as soon as it is verified. Text is decoded incrementally: a byte-level tokenizer can split a
 multi-byte character across tokens, so text that ends in an incomplete character (decoded as U+FFFD) is held
 back until the next round completes it -- what has been written is always the start of the final answer.
 :func:`chat_loop` is the REPL around it (history, ``/quit``, end of input). ``python -m minigpt.real.smollm chat``
@@ -14,56 +15,38 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..decoding import DecodeStats, generate, speculative_generate
-from ..decoding.lookup import lookup_generate
-from ..decoding.medusa import medusa_generate
-from ..model import early_exit_draft
+from ..decoding import DecodeStats, Models
+from ..decoding import decode as decode_ids
+from ..decoding.registry import METHODS, available
 
-SPECULATE = ("none", "lookup", "lookup-adaptive", "draft", "medusa", "self")
+# the chat's former names for some methods, still understood
+ALIASES = {"none": "plain", "lookup": "prompt_lookup", "lookup-adaptive": "prompt_lookup_adaptive", "draft": "chain",
+           "self": "self_spec"}
+DEFAULT = "prompt_lookup_adaptive"
 LENGTH_MESSAGE = "[stopped at the length limit of {n} tokens]"
 
 
-@dataclass
-class Drafters:
-    """What the speculative choices need besides the model: a draft model ("draft"), Medusa heads and their
-    tree ("medusa"), the depth of the early-exit draft ("self"), the draft length of the chain methods, and
-    prompt lookup's settings."""
-    draft: object | None = None
-    heads: object | None = None
-    paths: list | None = None
-    early_exit_layers: int | None = None
-    gamma: int = 1
-    lookup: dict | None = None          # max_ngram, num_pred (and max_pred for the adaptive rule)
+def choices(models: Models) -> list[str]:
+    """What ``--speculate`` offers with these models: every declared method whose drafters are loaded."""
+    return available(models)
 
 
-def decoder_for(speculate: str, model, drafters: Drafters | None = None) -> Callable:
-    """``fn(prompt, max_new_tokens, **kw) -> (ids, DecodeStats)`` for one of :data:`SPECULATE`; ``kw`` are the
-    decoders' common arguments (temperature, top_k, top_p, seed, eos_id, on_tokens). ValueError in one line
-    if the choice is unknown or needs a drafter that is missing."""
-    d = drafters or Drafters()
-    lookup = dict(d.lookup or {})
-    if speculate == "none":
-        def run(prompt, n, **kw):
-            stats = DecodeStats()
-            return generate(model, prompt, n, stats=stats, **kw), stats
-        return run
-    if speculate in ("lookup", "lookup-adaptive"):
-        if speculate == "lookup":
-            lookup.pop("max_pred", None)
-        adaptive = speculate == "lookup-adaptive"
-        return lambda prompt, n, **kw: lookup_generate(model, prompt, n, adaptive=adaptive, **lookup, **kw)
-    if speculate == "draft":
-        if d.draft is None:
-            raise ValueError("--speculate draft needs a draft model, and none is installed")
-        return lambda prompt, n, **kw: speculative_generate(model, d.draft, prompt, n, gamma=d.gamma, **kw)
-    if speculate == "medusa":
-        if d.heads is None:
-            raise ValueError("--speculate medusa needs Medusa heads, and none are installed")
-        return lambda prompt, n, **kw: medusa_generate(model, d.heads, prompt, n, paths=d.paths, **kw)
-    if speculate == "self":
-        early = early_exit_draft(model, d.early_exit_layers or max(1, model.config.n_layer // 3))
-        return lambda prompt, n, **kw: speculative_generate(model, early, prompt, n, gamma=d.gamma, **kw)
-    raise ValueError(f"unknown --speculate {speculate!r}; choose one of {', '.join(SPECULATE)}")
+def decoder_for(speculate: str, models: Models, params: dict | None = None) -> Callable:
+    """``fn(prompt, max_new_tokens, **kw) -> (ids, DecodeStats)`` for the declared method ``speculate`` (or one of
+    the chat's former names, :data:`ALIASES`), built from ``models`` with the defaults of their family and
+    ``params`` over them (those the method does not have are ignored: ``gamma`` applies to the chain methods);
+    ``kw`` are the decoding settings (temperature, top_k, top_p, seed, eos_id, on_tokens). ValueError in one line
+    if the choice is unknown or needs a drafter that is not loaded."""
+    name = ALIASES.get(speculate, speculate)
+    if name not in METHODS:
+        raise ValueError(f"unknown --speculate {speculate!r}; choose one of {', '.join(choices(models))}")
+    method = METHODS[name]
+    own = method.defaults(models.family)
+    proposer = method.make(models, **{k: v for k, v in (params or {}).items() if k in own})
+
+    def run(prompt, n, **kw):
+        return decode_ids(models.target, prompt, n, proposer, **kw)
+    return run
 
 
 class IncrementalText:
@@ -108,15 +91,16 @@ class Answer:
 
 
 def stream_answer(model, prompt: list[int], decode: Callable[[list[int]], str], eos_id: int,
-                  max_new_tokens: int = 200, speculate: str = "none", drafters: Drafters | None = None,
-                  write: Callable[[str], None] = print, temperature: float = 0.0, seed: int | None = None,
-                  decoder: Callable | None = None) -> Answer:
+                  max_new_tokens: int = 200, speculate: str = "plain", models: Models | None = None,
+                  params: dict | None = None, write: Callable[[str], None] = print, temperature: float = 0.0,
+                  seed: int | None = None, decoder: Callable | None = None) -> Answer:
     """Generate an answer to ``prompt`` (token ids) and ``write`` it as it is accepted; return the Answer.
 
-    The decoder (``decoder``, or :func:`decoder_for` ``speculate``) stops after ``eos_id`` or at
-    ``max_new_tokens`` (capped by the model's context); in the second case :data:`LENGTH_MESSAGE` is written
-    on a line of its own. ``write`` receives text pieces (no newlines added) and, at the end, ``"\\n"``."""
-    run = decoder or decoder_for(speculate, model, drafters)
+    The decoder (``decoder``, or :func:`decoder_for` ``speculate`` with ``models``, default ``Models(model)``,
+    and ``params``) stops after ``eos_id`` or at ``max_new_tokens`` (capped by the model's context); in the
+    second case :data:`LENGTH_MESSAGE` is written on a line of its own. ``write`` receives text pieces (no
+    newlines added) and, at the end, ``"\\n"``."""
+    run = decoder or decoder_for(speculate, models or Models(model), params)
     limit = min(max_new_tokens, model.config.block_size - len(prompt))
     if limit < 1:
         raise ValueError(f"the conversation ({len(prompt)} tokens) fills the model's context of "

