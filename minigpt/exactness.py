@@ -37,7 +37,13 @@ def _coefficient(k: int, delta: float) -> float:
 def tv_bound(n: int, k: int, delta: float = 1e-3) -> float:
     """TV(p̂, p) ≤ ½·√(k/n) + √(ln(1/δ)/(2n)) with probability ≥ 1 − δ, for n samples over k outcomes.
 
-    (E[TV] ≤ ½·√(k/n) by Cauchy–Schwarz, plus McDiarmid's inequality for the deviation.)"""
+    (E[TV] ≤ ½·Σ√(p_i(1 − p_i)/n) ≤ ½·√(k/n) by Cauchy–Schwarz, plus McDiarmid's inequality for the deviation:
+    one sample moves TV by at most 1/n, so P(TV − E[TV] ≥ t) ≤ exp(−2nt²).) The course's one TV bound: the lessons
+    and the grader (:mod:`minigpt.grading.core`) both use it, so "within the bound" means the same everywhere.
+    The Bretagnolle–Huber–Carol inequality, P(TV ≥ ε) ≤ 2^k·exp(−2nε²), i.e. ε = √((k·ln 2 + ln(1/δ))/(2n)), is
+    also valid and is tighter for small k (it grows like 0.59·√(k/n) instead of 0.5·√(k/n), but adds its ln(1/δ)
+    term under the same root); this bound is kept because every number the lessons print was computed with it.
+    Both hold for any p; k counts the outcomes p̂ or p can put mass on."""
     if n < 1 or k < 1 or not 0 < delta < 1:
         raise ValueError(f"need n >= 1, k >= 1 and 0 < delta < 1, got n={n}, k={k}, delta={delta}")
     return _coefficient(k, delta) / math.sqrt(n)

@@ -1,32 +1,39 @@
-"""Grade exercise notebooks headless: ``python -m minigpt.grade PATH [--report DIR] [--json FILE] ...``.
+"""Grade exercise notebooks headless: ``python -m minigpt.grade PATH [--jobs N] [--csv FILE] [--report DIR] ...``.
 
-PATH is one notebook or a folder (searched recursively, so a class's ``submissions/<student>/`` tree works).
-Each submission is graded against its **release** notebook, the generated exercise of the same file name in
-``exercises/`` (``--release DIR`` for another folder):
+PATH is one notebook or a folder (searched recursively, hidden folders skipped), e.g. a class's
+``submissions/<student>/...``, nbgrader's ``submitted/<student>/<assignment>/...`` or a flat folder of
+``<student>_<notebook>.ipynb`` files. Each submission is graded against its **release** notebook in ``exercises/``
+(``--release DIR`` for another folder), found by the exercise identity in its metadata, else its cells' tags,
+else its file name (:mod:`minigpt.grading.submissions`; the report says which rule matched and whose it is):
 
 1. *Assemble.* The submission's code cells are matched with the release's (by the ``metadata.minigpt`` tag the
    generator writes, else by nbformat cell id, else by content). Check cells and given cells are taken from
    the release, whatever the submission holds there ("restored" when they differ or are missing); learner
    cells (those with a solution region) and cells the learner added are kept as written; a learner cell that
    was deleted is put back as the release's stub. Outputs are never read: every cell starts empty.
-2. *Run.* One fresh kernel, in the notebook's folder, per-cell and per-notebook time limits, output capped per
-   cell. A first cell of the grader's own starts :mod:`minigpt.grading.session`, a private copy of the checks;
-   each check cell runs the release's source through it, and results come back in a file, one HMAC-signed line
-   per result, accepted only from the check cell that was running (printed text is never parsed).
+2. *Run.* One fresh kernel per notebook, in the notebook's folder, per-cell and per-notebook time limits, output
+   capped per cell, an address-space limit (``--memory-limit``). Each restored check cell connects to the
+   **judge** in this process (:mod:`minigpt.grading.judge`), which runs the exercise's cases here: the kernel only
+   calls the learner's function on the inputs the judge sends and returns the values as plain data; references
+   and comparisons never run in the kernel. ``--jobs N`` grades N notebooks at a time, each with its own kernel
+   and judge (in N worker processes), printing one progress line per notebook.
 3. *Report.* One row per exercise of the release (a check that never ran says "not graded: <why>"), problems
    in other cells (exceptions, syntax errors with their line, timeouts), restored cells. ``--report DIR``
-   writes one Markdown report per notebook, ``--json FILE`` the same detail as JSON.
+   writes one Markdown report per notebook, ``--json FILE`` the same detail, ``--csv FILE`` one row per
+   student and one column per exercise, ``--gradescope FILE`` Gradescope's ``results.json`` and
+   ``--github-classroom FILE`` the result GitHub Classroom's reporter reads (:mod:`minigpt.grading.reports`).
 
 Exit status: 0 only when every expected exercise of every notebook earned full marks.
 
-This runs the learner's code with your permissions, in one process with the checks: grade untrusted
-submissions inside a container (docs/grading.md, "What is protected").
+The learner's code runs with your permissions (in its own process): docs/grading.md, "What is protected".
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import logging
+import multiprocessing
 import os
 import re
 import secrets
@@ -34,62 +41,25 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from .grading import EXERCISES
+from .grading.judge import Judge
 from .grading.make_exercises import check_calls
-from .grading.session import sign
+from .grading.reports import (Graded, Row, RunCell, as_json, class_csv, classroom_result, format_report,
+                              format_table, gradescope_results, one_line)
+from .grading.submissions import Release, load_releases, match_release, read_notebook, student_of
 
 ROOT = Path(__file__).resolve().parent.parent
 STUB_LINE = re.compile(r"^[ \t]*raise NotImplementedError\(.*\)[ \t]*$")
 STREAM_LIMIT = 64 * 1024  # characters of stdout + stderr kept per cell (kernel side and grader side)
-RESULTS_READ_LIMIT = 4 * 1024 * 1024  # bytes of result lines read back per check cell
 NOTEBOOK_SIZE_LIMIT = 100 * 1024 * 1024  # a submission file larger than this is not read (saved outputs count)
-
-
-@dataclass
-class Row:
-    notebook: str
-    exercise: str
-    points: int
-    max: int | None  # None when the exercise name is unknown
-    status: str
-
-    @property
-    def full_marks(self) -> bool:
-        return self.max is not None and self.max > 0 and self.points == self.max
-
-
-@dataclass
-class RunCell:
-    """One code cell of the notebook as graded: where its source came from and what happened when it ran."""
-    role: str  # "given", "check", "learner" or "added" (a cell the learner added)
-    source: str
-    label: str  # e.g. "cell 7" (the release's numbering) or "an added cell after cell 6"
-    exercises: list[str] = field(default_factory=list)  # for a check cell: the exercises it checks
-    problem: str | None = None  # the first error line, a syntax error with its line, or a timeout
-
-
-@dataclass
-class Graded:
-    """Everything known about one graded notebook: rows for the table, detail for the report."""
-    notebook: str
-    release: str | None = None
-    rows: list[Row] = field(default_factory=list)
-    results: dict[str, dict] = field(default_factory=dict)  # exercise -> Result.as_dict() from this run
-    cells: list[RunCell] = field(default_factory=list)
-    restored: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    stopped: str | None = None
-    stop_index: int | None = None  # the cell (index into ``cells``; -1: the setup) where the run stopped
+MEMORY_LIMIT_MB = 6144  # address space of one kernel (Linux); torch alone reserves about 1.5 GB of it
 
 
 def _one_line(text: str, limit: int = 160) -> str:
-    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
-    line = lines[0] if lines else ""
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return one_line(text, limit)
 
 
 def _max_points(name: str) -> int | None:
@@ -100,15 +70,6 @@ def find_notebooks(path: Path) -> list[Path]:
     """The notebooks under a folder (recursively, skipping hidden folders such as .ipynb_checkpoints)."""
     found = [p for p in path.rglob("*.ipynb") if not any(part.startswith(".") for part in p.relative_to(path).parts)]
     return sorted(found)
-
-
-def _read_notebook(path: Path):
-    import nbformat
-    with warnings.catch_warnings():  # e.g. nbformat's MissingIDFieldWarning on older notebooks: not our concern
-        warnings.simplefilter("ignore")
-        nb = nbformat.read(str(path), as_version=4)
-        nbformat.validate(nb)
-    return nb
 
 
 # ---- 1. assemble: the release's protected cells, the learner's cells ----------------------------------------
@@ -230,7 +191,7 @@ def assemble(submission, release) -> tuple[list[RunCell], list[str], list[str]]:
     return cells, restored, notes
 
 
-# ---- 2. run: one kernel, the grader's session, capped outputs, time limits ----------------------------------
+# ---- 2. run: one kernel, the judge in this process, capped outputs, time limits ----------------------------
 
 def _kernel_manager():
     """A kernel manager that starts ipykernel with *this* Python, whatever kernels Jupyter has registered (the
@@ -311,42 +272,10 @@ def _cell_problem(cell, source: str) -> str | None:
     return None
 
 
-def _read_results(handle, secret: bytes, cell: int, names: list[str], graded: Graded) -> str | None:
-    """Accept the signed result lines written while check cell ``cell`` ran; returns its error, if any."""
-    data = handle.read(RESULTS_READ_LIMIT)
-    handle.seek(0, os.SEEK_END)  # skip (and never hold) anything past the limit
-    error, rejected = None, 0
-    for line in data.splitlines():
-        try:
-            record = json.loads(line)
-            payload, mac = str(record["payload"]), str(record["mac"])
-            if not secrets.compare_digest(sign(secret, payload), mac):
-                raise ValueError("bad signature")
-            body = json.loads(payload)
-        except (ValueError, KeyError, TypeError):
-            rejected += 1
-            continue
-        if body.get("cell") != cell:
-            rejected += 1
-        elif "error" in body:
-            error = str(body["error"])
-        elif body.get("exercise") in names and isinstance(body.get("result"), dict):
-            graded.results.setdefault(body["exercise"], body["result"])  # the check cell's own (first) call
-    if rejected:
-        graded.notes.append(f"{rejected} result line(s) that did not come from the running check were ignored")
-    return error
-
-
-def _discard(handle, graded: Graded) -> None:
-    """Skip result lines written while a cell other than a check cell ran (noting how many there were)."""
-    count = handle.read(RESULTS_READ_LIMIT).count("\n")
-    handle.seek(0, os.SEEK_END)
-    if count:
-        graded.notes.append(f"{count} result line(s) written outside a check cell were ignored")
-
-
-def execute(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, notebook_timeout: float) -> None:
-    """Run ``cells`` in one fresh kernel; fill ``graded.results``, each cell's ``problem`` and ``stopped``."""
+def execute(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, notebook_timeout: float,
+            memory_limit_mb: int = MEMORY_LIMIT_MB) -> None:
+    """Run ``cells`` in one fresh kernel, each check cell against a :class:`~minigpt.grading.judge.Judge` in this
+    process; fill ``graded.results``, each cell's ``problem`` and ``stopped``."""
     import nbformat
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -354,19 +283,19 @@ def execute(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, 
     # the kernel must import the same minigpt as this grader, even when the package is not installed
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")  # one kernel per job: N jobs should use N cores, not N x all of them
     quiet = logging.getLogger("minigpt.grade.kernel")
     quiet.setLevel(logging.CRITICAL)
-    secret, tag = secrets.token_bytes(32), secrets.token_hex(8)
-    name = f"_minigpt_grader_{tag}"
+    token, name = secrets.token_hex(16), f"_minigpt_grader_{secrets.token_hex(8)}"
     with tempfile.TemporaryDirectory(prefix="minigpt-grade-") as private:
-        results_path, handshake = Path(private) / "results.jsonl", Path(private) / "handshake.json"
-        results_path.write_text("")
-        handshake.write_text(json.dumps({"secret": secret.hex(), "results": str(results_path), "tag": tag,
-                                         "name": name, "stream_limit": STREAM_LIMIT}))
+        os.chmod(private, 0o700)
+        handshake = Path(private) / "handshake.json"
+        handshake.write_text(json.dumps({"token": token, "name": name, "stream_limit": STREAM_LIMIT,
+                                         "memory_limit_mb": memory_limit_mb}))
         os.chmod(handshake, 0o600)
+        judge = Judge(Path(private), token)
         setup = f"import minigpt.grading.session as _s; _s.start({str(handshake)!r}); del _s"
-        sources = [setup] + [f"{name}({n}, {json.dumps(c.source)})" if c.role == "check" else c.source
-                             for n, c in enumerate(cells)]
+        sources = [setup] + ["" if c.role == "check" else c.source for c in cells]  # check cells: set when run
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
         client = _client_class()(nb, km=_kernel_manager(), timeout=timeout, allow_errors=True,
                                  record_timing=False, shutdown_kernel="immediate",
@@ -375,8 +304,7 @@ def execute(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, 
         deadline = time.monotonic() + notebook_timeout
         current = "the grader's setup cell"
         try:
-            with client.setup_kernel(env=env, cwd=str(folder), stderr=subprocess.DEVNULL, cleanup_kc=True), \
-                    open(results_path, encoding="utf-8") as results:
+            with client.setup_kernel(env=env, cwd=str(folder), stderr=subprocess.DEVNULL, cleanup_kc=True):
                 for index, cell in enumerate(nb.cells):
                     graded.stop_index = index - 1  # until the loop completes
                     run = cells[index - 1] if index else None
@@ -386,6 +314,9 @@ def execute(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, 
                         raise CellTimeoutError(f"notebook limit before {current}")
                     client.timeout = int(max(1, min(timeout, left)))
                     by_notebook = left < timeout
+                    if run is not None and run.role == "check":
+                        address = judge.open_cell(index - 1, run.label, run.exercises)
+                        cell.source = f"{name}({index - 1}, {json.dumps(run.source)}, {json.dumps(address)})"
                     try:
                         client.execute_cell(cell, index)
                     except CellTimeoutError:
@@ -394,17 +325,14 @@ def execute(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, 
                         if run:
                             run.problem = "ran past the time limit"
                         return
+                    finally:
+                        judge.close_cell()
                     if run is None:
                         if _cell_problem(cell, setup):
                             graded.stopped = f"the grader's setup failed ({_cell_problem(cell, setup)})"
                             return
                         continue
-                    if run.role == "check":
-                        run.problem = (_read_results(results, secret, index - 1, run.exercises, graded)
-                                       or _cell_problem(cell, run.source))
-                    else:
-                        _discard(results, graded)  # lines written outside a check cell count for nothing
-                        run.problem = _cell_problem(cell, run.source)
+                    run.problem = _cell_problem(cell, run.source)
                 graded.stop_index = None
         except CellTimeoutError:
             graded.stopped = f"the notebook ran past its {notebook_timeout:g} s limit before {current}"
@@ -412,9 +340,13 @@ def execute(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, 
             graded.stopped = f"the kernel died in {current}"
         except Exception as e:  # kernel failed to start, or died between cells
             graded.stopped = f"could not run the notebook ({type(e).__name__}: {_one_line(e)})"
+        finally:
+            judge.close_cell()
+            graded.results = dict(judge.results)
+            graded.notes += judge.notes
 
 
-# ---- 3. rows and reports -------------------------------------------------------------------------------------
+# ---- 3. rows, reports, a class --------------------------------------------------------------------------------
 
 def _row(display: str, name: str, res: dict) -> Row:
     status = str(res.get("status", ""))
@@ -424,43 +356,67 @@ def _row(display: str, name: str, res: dict) -> Row:
     return Row(display, name, int(res.get("points", 0)), int(res.get("max", 0)), status)
 
 
+def release_exercises(release_nb) -> list[str]:
+    """The exercises a release notebook checks, in the order of its check cells."""
+    names = [n for c in release_nb.cells if c.cell_type == "code" and cell_role(c) == "check"
+             for n in check_calls(c.source)]
+    return list(dict.fromkeys(names))
+
+
 def grade_notebook(path: Path, display: str, timeout: float, notebook_timeout: float = 600.0,
-                   release_dir: Path | None = None) -> Graded:
-    """Assemble one submission with its release, run it, and return its rows and report detail."""
+                   release_dir: Path | None = None, releases: list[Release] | None = None, root: Path | None = None,
+                   memory_limit_mb: int = MEMORY_LIMIT_MB) -> Graded:
+    """Find the release of one submission, assemble the two, run it, and return its rows and report detail."""
+    started = time.monotonic()
     graded = Graded(display)
+    try:
+        _grade_into(graded, Path(path), display, timeout, notebook_timeout, release_dir, releases, root,
+                    memory_limit_mb)
+    finally:
+        graded.seconds = time.monotonic() - started
+    return graded
+
+
+def _grade_into(graded: Graded, path: Path, display: str, timeout: float, notebook_timeout: float,
+                release_dir: Path | None, releases: list[Release] | None, root: Path | None,
+                memory_limit_mb: int) -> None:
     if not path.exists():
         graded.rows = [Row(display, "-", 0, None, "not found: no such file or folder")]
-        return graded
+        return
     if path.suffix != ".ipynb":
         graded.rows = [Row(display, "-", 0, None, "not a notebook (expected a .ipynb file)")]
-        return graded
+        return
     if path.stat().st_size > NOTEBOOK_SIZE_LIMIT:
         graded.rows = [Row(display, "-", 0, None, f"not graded: the file is larger than "
                                                   f"{NOTEBOOK_SIZE_LIMIT // 2**20} MB (clear its outputs)")]
-        return graded
-    try:
-        submission = _read_notebook(path)
-    except Exception as e:  # invalid JSON, not a notebook structure, unreadable file
-        graded.rows = [Row(display, "-", 0, None, f"invalid notebook: {type(e).__name__}: {_one_line(e)}")]
-        return graded
+        return
     release_dir = release_dir or ROOT / "exercises"
-    release_path = release_dir / path.name
-    if not release_path.is_file():
-        graded.rows = [Row(display, "-", 0, None, f"not graded: no release notebook {path.name} in {release_dir}")]
-        return graded
-    graded.release = str(release_path)
+    releases = load_releases(release_dir) if releases is None else releases
     try:
-        release = _read_notebook(release_path)
+        submission = read_notebook(path)
+    except Exception as e:  # invalid JSON, not a notebook structure, unreadable file
+        _, graded.matched_by = match_release(path, None, releases)
+        graded.student = student_of(path, root, _)
+        graded.rows = [Row(display, "-", 0, None, f"invalid notebook: {type(e).__name__}: {_one_line(e)}")]
+        return
+    release_info, graded.matched_by = match_release(path, submission, releases)
+    graded.student = student_of(path, root, release_info)
+    if release_info is None:
+        graded.rows = [Row(display, "-", 0, None, f"not graded: {graded.matched_by} (releases in {release_dir})")]
+        return
+    graded.release = str(release_info.path)
+    try:
+        release = read_notebook(release_info.path)
     except Exception as e:
         graded.rows = [Row(display, "-", 0, None, f"not graded: the release notebook is invalid ({_one_line(e)})")]
-        return graded
+        return
     cells, graded.restored, graded.notes = assemble(submission, release)
     graded.cells = cells
     expected = [(name, n) for n, c in enumerate(cells) if c.role == "check" for name in c.exercises]
     if not expected:
         graded.rows = [Row(display, "-", 0, None, "no graded exercises: the release has no check(...) cell")]
-        return graded
-    execute(graded, cells, path.parent, timeout, notebook_timeout)
+        return
+    execute(graded, cells, path.parent, timeout, notebook_timeout, memory_limit_mb)
 
     for name, n in dict.fromkeys(expected):  # one row per exercise, in the order of the first check
         if name in {r.exercise for r in graded.rows}:
@@ -479,19 +435,58 @@ def grade_notebook(path: Path, display: str, timeout: float, notebook_timeout: f
         else:
             status = "no score: the check cell recorded no result"
         graded.rows.append(Row(display, name, 0, _max_points(name), status))
-    return graded
+
+
+def _progress(done: int, total: int, g: Graded) -> str:
+    what = f"{g.points}/{g.max_points} points" if g.release else (g.rows[0].status if g.rows else "nothing graded")
+    how = f"; student {g.student}, matched by {g.matched_by}" if g.release else ""
+    return f"[{done}/{total}] {g.notebook}: {one_line(what, 80)}{how} ({g.seconds:.1f} s)"
+
+
+def _grade_task(kwargs: dict) -> Graded:
+    return grade_notebook(**kwargs)
 
 
 def grade_all(path: Path, timeout: float = 120.0, notebook_timeout: float = 600.0,
-              release_dir: Path | None = None) -> list[Graded]:
-    """Grade a notebook, or every notebook under a folder."""
+              release_dir: Path | None = None, jobs: int = 1, memory_limit_mb: int = MEMORY_LIMIT_MB,
+              progress=None) -> list[Graded]:
+    """Grade a notebook, or every notebook under a folder, ``jobs`` at a time (each in a worker process with its
+    own kernel and judge). ``progress(line)`` gets one line per notebook as it finishes. Returns the notebooks in
+    path order."""
+    path = Path(path)
+    release_dir = release_dir or ROOT / "exercises"
+    releases = load_releases(release_dir)
     if path.is_dir():
         notebooks = find_notebooks(path)
         if not notebooks:
             return [Graded(str(path), rows=[Row(str(path), "-", 0, None, "no notebooks (*.ipynb) in this folder")])]
-        return [grade_notebook(nb, str(path / nb.relative_to(path)), timeout, notebook_timeout, release_dir)
-                for nb in notebooks]
-    return [grade_notebook(path, str(path), timeout, notebook_timeout, release_dir)]
+        tasks = [dict(path=nb, display=str(path / nb.relative_to(path)), root=path) for nb in notebooks]
+    else:
+        tasks = [dict(path=path, display=str(path), root=None)]
+    common = dict(timeout=timeout, notebook_timeout=notebook_timeout, release_dir=release_dir, releases=releases,
+                  memory_limit_mb=memory_limit_mb)
+    tasks = [{**t, **common} for t in tasks]
+    results: list[Graded | None] = [None] * len(tasks)
+    if jobs <= 1 or len(tasks) == 1:
+        for i, task in enumerate(tasks):
+            results[i] = _grade_task(task)
+            if progress:
+                progress(_progress(i + 1, len(tasks), results[i]))
+        return results
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_grade_task, task): i for i, task in enumerate(tasks)}
+        for done, future in enumerate(as_completed(futures), start=1):
+            i = futures[future]
+            try:
+                results[i] = future.result()
+            except Exception as e:  # a worker that died (killed for memory, ...): the notebook gets a row
+                t = tasks[i]
+                results[i] = Graded(t["display"], rows=[Row(t["display"], "-", 0, None, f"not graded: the worker "
+                                                             f"failed ({type(e).__name__}: {_one_line(e)})")])
+            if progress:
+                progress(_progress(done, len(tasks), results[i]))
+    return results
 
 
 def grade(path: Path, timeout: float = 120.0) -> list[Row]:
@@ -499,62 +494,23 @@ def grade(path: Path, timeout: float = 120.0) -> list[Row]:
     return [row for g in grade_all(path, timeout) for row in g.rows]
 
 
-def format_table(rows: list[Row]) -> str:
-    header = ("notebook", "exercise", "points", "max", "status")
-    body = [(r.notebook, r.exercise, str(r.points), "?" if r.max is None else str(r.max), _one_line(r.status, 100))
-            for r in rows]
-    widths = [max(len(x[i]) for x in [header, *body]) for i in range(4)]
-    lines = []
-    for cols in [header, *body]:
-        lines.append("  ".join(c.rjust(w) if i in (2, 3) else c.ljust(w) for i, (c, w) in
-                               enumerate(zip(cols[:4], widths))) + "  " + cols[4])
-    lines.insert(1, "-" * min(max(len(ln) for ln in lines), sum(widths) + 8 + 40))
-    points, total = sum(r.points for r in rows), sum(r.max or 0 for r in rows)
-    full = sum(r.full_marks for r in rows)
-    lines.append(f"Total: {points}/{total} points; {full} of {len(rows)} rows with full marks")
-    return "\n".join(lines)
-
-
-def _md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def format_report(g: Graded) -> str:
-    """One notebook's Markdown report: total, every case with expected/received and hint, cell problems,
-    restored cells, notes."""
-    points, total = sum(r.points for r in g.rows), sum(r.max or 0 for r in g.rows)
-    out = [f"# Grading report: {g.notebook}", "", f"**Total: {points}/{total} points.**"]
-    if g.release:
-        out.append(f"Graded against the release notebook `{Path(g.release).name}`.")
-    if g.stopped:
-        out += ["", f"The run stopped early: {g.stopped}."]
-    out += ["", "## Exercises"]
-    for row in g.rows:
-        out += ["", f"### {row.exercise}: {row.points}/{'?' if row.max is None else row.max} points", "",
-                f"Status: {row.status}"]
-        res = g.results.get(row.exercise)
-        if not res:
+def missing(graded: list[Graded], release_dir: Path, required: list[str]) -> list[Graded]:
+    """A "not submitted" entry, with a 0-point row per exercise, for each required release notebook (``["all"]``:
+    every release notebook in ``release_dir``) that no submission matched."""
+    releases = load_releases(release_dir)
+    wanted = releases if "all" in required else [r for r in releases if r.identity in required or
+                                                   r.path.stem in required]
+    have = {Path(g.release).resolve() for g in graded if g.release}
+    out = []
+    for r in wanted:
+        if r.path.resolve() in have:
             continue
-        out += ["", "| case | points | result | expected | received | hint |", "|---|---|---|---|---|---|"]
-        for c in res.get("cases", []):
-            verdict = "PASS" if c.get("status") == "pass" else "FAIL"
-            if c.get("status") == "pass":
-                cols = (c["name"], f"{c['points']}/{c['max_points']}", verdict, "", c.get("received") or
-                        c.get("detail", ""), "")
-            else:
-                cols = (c["name"], f"{c['points']}/{c['max_points']}", verdict, c.get("expected", ""),
-                        c.get("received") or c.get("detail", ""), c.get("hint", ""))
-            out.append("| " + " | ".join(_md(x) for x in cols) + " |")
-    problems = [c for c in g.cells if c.problem and c.role != "check"]
-    out += ["", "## Problems outside the checks", ""]
-    who = {"learner": "your code", "added": "a cell you added", "given": "given code"}
-    out += [f"- {c.label} ({who.get(c.role, c.role)}): {c.problem}" for c in problems] or \
-        ["None: every other cell ran without an error."]
-    out += ["", "## Restored cells", ""]
-    out += [f"- {r}" for r in g.restored] or ["None: the check cells and given cells were as released."]
-    if g.notes:
-        out += ["", "## Notes", ""] + [f"- {n}" for n in g.notes]
-    return "\n".join(out) + "\n"
+        names = release_exercises(read_notebook(r.path))
+        display = f"{r.path.name} (not submitted)"
+        out.append(Graded(display, release=str(r.path), matched_by="required", student=graded[0].student
+                          if graded else "-", rows=[Row(display, n, 0, _max_points(n), "not submitted")
+                                                    for n in names]))
+    return out
 
 
 def _report_path(folder: Path, g: Graded, base: Path) -> Path:
@@ -566,6 +522,12 @@ def _report_path(folder: Path, g: Graded, base: Path) -> Path:
     return folder / rel.with_suffix(".md")
 
 
+def _write(path: str, text: str) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minigpt.grade",
                                      description="Run exercise notebooks headless against their release "
@@ -574,39 +536,60 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", metavar="DIR", type=Path, default=None,
                         help="the folder of release notebooks to restore check and given cells from "
                              "(default: the course's exercises/)")
+    parser.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                        help="grade N notebooks at a time, each with its own kernel and judge (0: one per core)")
     parser.add_argument("--report", metavar="DIR", help="write one Markdown report per notebook into DIR")
     parser.add_argument("--json", metavar="FILE", help="also write the rows, totals and per-case detail to FILE")
+    parser.add_argument("--csv", metavar="FILE", help="write a class table: one row per student, one column per "
+                                                      "exercise, the total and the maximum")
+    parser.add_argument("--gradescope", metavar="FILE", help="write Gradescope's results.json to FILE "
+                                                             "(implies --require all)")
+    parser.add_argument("--github-classroom", metavar="FILE",
+                        help="append `result=<base64 JSON>` for GitHub Classroom's grading reporter to FILE (in a "
+                             "workflow: $GITHUB_OUTPUT; implies --require all)")
+    parser.add_argument("--require", nargs="+", metavar="NOTEBOOK", default=None,
+                        help="release notebooks (stems, or `all`) that must be submitted: a missing one gets 0 "
+                             "points, \"not submitted\"")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
                         help="per-cell time limit (default 120)")
     parser.add_argument("--notebook-timeout", type=float, default=600.0, metavar="SECONDS",
                         help="time limit for a whole notebook (default 600)")
+    parser.add_argument("--memory-limit", type=int, default=MEMORY_LIMIT_MB, metavar="MB",
+                        help=f"address space of each kernel, Linux only (default {MEMORY_LIMIT_MB}; 0: none)")
     args = parser.parse_args(argv)
     if args.timeout <= 0 or args.notebook_timeout <= 0:
         parser.error("--timeout and --notebook-timeout must be positive")
+    if args.jobs < 0 or args.memory_limit < 0:
+        parser.error("--jobs and --memory-limit must be 0 or more")
     if args.release is not None and not args.release.is_dir():
         parser.error(f"--release {args.release}: no such folder")
     if args.release is None and not (ROOT / "exercises").is_dir():
         parser.error(f"no release folder {ROOT / 'exercises'} (minigpt is installed without the course): "
                      "pass --release DIR")
-    graded = grade_all(Path(args.path), args.timeout, args.notebook_timeout, args.release)
+    release_dir = args.release or ROOT / "exercises"
+    jobs = args.jobs or os.cpu_count() or 1
+    started = time.monotonic()
+    graded = grade_all(Path(args.path), args.timeout, args.notebook_timeout, release_dir, jobs, args.memory_limit,
+                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+    required = args.require or (["all"] if args.gradescope or args.github_classroom else [])
+    if required:
+        graded += missing(graded, release_dir, required)
     rows = [row for g in graded for row in g.rows]
     print(format_table(rows))
     ok = bool(rows) and all(r.full_marks for r in rows)
     if args.report:
         for g in graded:
-            target = _report_path(Path(args.report), g, Path(args.path))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(format_report(g), encoding="utf-8")
+            _write(str(_report_path(Path(args.report), g, Path(args.path))), format_report(g))
     if args.json:
-        report = {"path": args.path, "points": sum(r.points for r in rows), "max": sum(r.max or 0 for r in rows),
-                  "full_marks": ok, "rows": [asdict(r) for r in rows],
-                  "notebooks": [{"notebook": g.notebook, "release": g.release, "stopped": g.stopped,
-                                 "exercises": [{**asdict(r), "cases": g.results.get(r.exercise, {}).get("cases", [])}
-                                               for r in g.rows],
-                                 "cell_problems": [{"cell": c.label, "role": c.role, "problem": c.problem}
-                                                   for c in g.cells if c.problem],
-                                 "restored": g.restored, "notes": g.notes} for g in graded]}
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        _write(args.json, json.dumps(as_json(args.path, graded), indent=1) + "\n")
+    if args.csv:
+        _write(args.csv, class_csv(graded, list(EXERCISES)))
+    if args.gradescope:
+        _write(args.gradescope, json.dumps(gradescope_results(graded, time.monotonic() - started), indent=1) + "\n")
+    if args.github_classroom:
+        encoded = base64.b64encode(json.dumps(classroom_result(graded)).encode()).decode("ascii")
+        with open(args.github_classroom, "a", encoding="utf-8") as out:
+            out.write(f"result={encoded}\n")
     return 0 if ok else 1
 
 

@@ -1,5 +1,6 @@
 """``python -m minigpt.grade`` can be trusted: scores come only from this run, from the release's check cells,
-through a channel the notebook cannot forge, and the feedback reaches the learner.
+computed by the judge in the grader's own process, and the feedback reaches the learner; submissions are found
+however they are named and laid out, graded in parallel, and tabulated per student.
 
 Every test runs the command on notebooks made from the committed ``exercises/`` and ``solutions/`` of
 exercise 02 (the fastest to run), each changed the way a learner (or a cheat) would change it, and asserts on
@@ -116,8 +117,9 @@ def test_forged_results_earn_nothing(tmp_path):
     assert data["points"] == 0, proc.stdout
     rows = _rows(data)
     assert set(rows) == set(EX02) and all(r["status"] == "not implemented yet" for r in rows.values()), proc.stdout
-    notes = data["notebooks"][0]["notes"]
-    assert any("written outside a check cell were ignored" in n for n in notes), notes
+    # the grader's entry point called from a learner cell did nothing but raise there
+    problems = [p["problem"] for p in data["notebooks"][0]["cell_problems"] if p["role"] == "added"]
+    assert any("TypeError" in p for p in problems), problems
 
 
 def test_edited_and_deleted_check_cells_are_restored_and_reported(tmp_path):
@@ -201,3 +203,42 @@ def test_a_printer_of_megabytes_is_graded_in_bounded_memory(tmp_path):
     assert rows["decode_flops"]["status"] == "full marks", rows  # graded, and correctly, despite the flood
     # 1 GB printed in one cell and 2 MB per check call: the grader and its kernel hold no more than 200 MB extra
     assert peak < base + 200 * 1024, (peak, base)
+
+
+def _strip_identity(nb) -> nbformat.NotebookNode:
+    """The notebook as an older release or another tool would save it: no exercise identity, no cell tags."""
+    nb = copy.deepcopy(nb)
+    nb.metadata.pop("minigpt", None)
+    for cell in nb.cells:
+        cell.metadata.pop("minigpt", None)
+    return nb
+
+
+def test_renamed_nested_and_flat_submissions_are_graded_and_tabulated(tmp_path):
+    solved = _load("exercises")  # the release; decode_flops solved, the rest left as stubs (fast to grade)
+    _region(solved, "decode_flops", "return 2 * n_params * n_tokens")
+    folder = tmp_path / "class"
+    # as downloaded twice, with a suffix, in nbgrader's layout, flat with the student first, and renamed freely
+    _write(solved, folder / "ana" / "ex02_memory_bound (1).ipynb")
+    _write(solved, folder / "ben" / "ex02_memory_bound-ben.ipynb")
+    _write(solved, folder / "submitted" / "cleo" / "hw1" / NAME)
+    _write(_strip_identity(solved), folder / "dan_ex02.ipynb")
+    _write(solved, folder / "eve" / "my homework.ipynb")
+    report, table = tmp_path / "r.json", tmp_path / "class.csv"
+    proc = _grade(folder, "--json", report, "--csv", table, "--jobs", "2", "--timeout", "120")
+    data = _json(report)
+    matched = {g["student"]: g["matched_by"] for g in data["notebooks"]}
+    assert matched == {"ana": "notebook metadata", "ben": "notebook metadata", "cleo": "notebook metadata",
+                       "dan": "file name contains ex02", "eve": "notebook metadata"}, matched
+    assert all(r["exercise"] in EX02 for r in data["rows"]), proc.stdout
+    progress = [ln for ln in proc.stderr.splitlines() if ln.startswith("[")]
+    assert len(progress) == 5 and all("/5] " in ln for ln in progress), proc.stderr
+    lines = table.read_text().splitlines()
+    assert lines[0] == ",".join(["student", *EX02, "total", "max"])
+    total = sum(EXERCISES[n].max_points for n in EX02)
+    flops = EXERCISES["decode_flops"].max_points
+    rows = {ln.split(",")[0]: ln.split(",") for ln in lines[1:]}
+    assert sorted(rows) == ["ana", "ben", "cleo", "dan", "eve"]
+    for student, row in rows.items():
+        assert row[1] == str(flops) and row[2:-2] == ["0"] * (len(EX02) - 1), row
+        assert row[-2:] == [str(flops), str(total)], row

@@ -3,15 +3,21 @@
 An exercise (e.g. ``"attend_with_cache"``) is a list of cases registered by its grader module
 (:mod:`.ex01`, ...). Each case is a function that receives the learner's function, calls it on inputs it
 builds itself (seeded, so a verdict is reproducible), and either returns a short "what was received" text or
-raises :class:`Mismatch` with what was expected and what was received. :func:`check` runs every case, turns
-exceptions raised by the learner's code into FAIL lines (one line, no traceback), prints the score, and
-returns a :class:`Result`. Nothing it prints is read by a machine: ``python -m minigpt.grade`` runs a private
-copy of this module and receives the results through its own channel (see :mod:`.session`).
+raises :class:`Mismatch` with what was expected and what was received.
+
+The function a case receives is never the learner's own object but a :class:`~.proxy.LearnerFunction`: the
+arguments go to the learner's side as plain data and only the returned values come back (:mod:`.wire`), so the
+references and every comparison are computed here, with libraries no learner code touched. In a notebook,
+:func:`check` calls the learner's function in the same process (the learner's own feedback); the grading
+command, ``python -m minigpt.grade``, runs these same cases in its own process against a function that lives in
+the learner's kernel (:mod:`.judge`). :func:`run_exercise` runs every case and returns a :class:`Result`:
+the learner's exceptions become FAIL lines that name the error and the line of the learner's code (no
+traceback), a learner's stub raising ``NotImplementedError`` becomes "not implemented yet".
 
 Statistical cases compare empirical frequencies with the exact distribution through the total variation
-distance TV = ½·Σ|p̂ − p|. The bound :func:`tv_bound` comes from the Bretagnolle–Huber–Carol inequality
-P(TV ≥ ε) ≤ 2^k·exp(−2nε²) for n samples over k outcomes, so a correct function fails with probability below
-``delta`` (one in a million by default) -- and the checks are seeded, so the verdict does not change between runs.
+distance TV = ½·Σ|p̂ − p| against :func:`minigpt.exactness.tv_bound` (the bound the lessons use), with
+``delta`` one in a million: a correct function fails with probability below that -- and the checks are seeded,
+so the verdict does not change between runs.
 """
 from __future__ import annotations
 
@@ -21,6 +27,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
+
+from ..exactness import tv_bound, tv_distance
+from .proxy import KernelLost, LearnerError, LearnerFunction, in_process
+
 
 class Mismatch(Exception):
     """Raised by a case when the learner's answer is wrong: what was expected, what was received."""
@@ -96,6 +106,10 @@ class Result:
     def __str__(self) -> str:
         return f"{self.exercise}: {self.points}/{self.max_points} points ({self.status})"
 
+    def lines(self) -> list[str]:
+        """What :func:`check` prints: one line per case, then the score."""
+        return [c.line() for c in self.cases] + [f"Score: {self.points}/{self.max_points} points"]
+
     def _ipython_display_(self) -> None:
         pass  # check() has already printed every line; showing the object again would only repeat them
 
@@ -135,41 +149,57 @@ def _one_line(e: BaseException) -> str:
 
 
 def run_case(case: Case, fn: Callable) -> CaseResult:
-    """Run one case, turning every way the learner's code can go wrong into a one-line result."""
+    """Run one case against ``fn`` (a :class:`~.proxy.LearnerFunction`; a plain function is wrapped by
+    :func:`~.proxy.in_process`), turning every way the learner's code can go wrong into a one-line result.
+    :class:`~.proxy.KernelLost` is not a result: it propagates (the judge then records nothing)."""
+    if not isinstance(fn, LearnerFunction):
+        fn = in_process(fn)
     try:
-        with torch.random.fork_rng(devices=[]):  # cases seed the global RNG too; keep the learner's state
+        with torch.random.fork_rng(devices=[]):  # cases seed the global RNG too; keep the caller's state
             torch.manual_seed(0)
             detail = case.run(fn)
         return CaseResult(case.name, "pass", case.points, case.points, detail or "ok", received=detail or "ok")
     except Mismatch as m:
         return CaseResult(case.name, "fail", 0, case.points, f"expected {m.expected}, received {m.received}",
                           m.hint if m.hint is not None else case.hint, str(m.expected), str(m.received))
-    except NotImplementedError as e:
-        return CaseResult(case.name, "todo", 0, case.points, "not implemented yet "
-                          f"({_one_line(e)})", "replace the `raise NotImplementedError` line with your code",
-                          "your code", f"raise {_one_line(e)}")
-    except Exception as e:  # anything the learner's code raises is a failed case, never a crash of check()
-        return CaseResult(case.name, "error", 0, case.points, f"your function raised {_one_line(e)}", case.hint,
-                          "a return value", f"an exception: {_one_line(e)}")
+    except LearnerError as e:
+        if e.not_implemented:
+            return CaseResult(case.name, "todo", 0, case.points, f"not implemented yet ({e.summary})",
+                              "replace the `raise NotImplementedError` line with your code", "your code",
+                              f"raise {e.summary}")
+        return CaseResult(case.name, "error", 0, case.points, f"your function raised {e.summary}", e.hint(),
+                          "a return value", f"an exception: {e.summary}")
+    except KernelLost:
+        raise
+    except Exception as e:  # the check itself could not digest what came back (e.g. len() of a number)
+        return CaseResult(case.name, "fail", 0, case.points, f"the answer could not be checked ({_one_line(e)})",
+                          case.hint or "return what the docstring describes (types, shapes, lengths)",
+                          "an answer of the type the docstring describes", f"one the check failed on: "
+                          f"{_one_line(e)}")
+
+
+def run_exercise(exercise: str, fn: Callable) -> Result:
+    """Every case of ``exercise`` against ``fn`` (see :func:`run_case`); prints nothing, records nothing."""
+    ex = EXERCISES[exercise]
+    results = [run_case(case, fn) for case in ex.cases]
+    return Result(exercise, sum(r.points for r in results), ex.max_points, results)
 
 
 def check(exercise: str, fn: Callable, *, verbose: bool = True) -> Result:
     """Grade ``fn`` against the cases of ``exercise``; print one line per case and the score.
 
-    Returns a :class:`Result` (exercise, points, max_points, cases) and records it in ``RESULTS``. The
-    printed lines are for people; the grading command does not parse them."""
+    Returns a :class:`Result` (exercise, points, max_points, cases) and records it in ``RESULTS``. This is the
+    learner's feedback: it runs ``fn`` in this process. The grading command does not use it (nor parse what it
+    prints): it runs the same cases in a process of its own (:mod:`.judge`)."""
     if exercise not in EXERCISES:
         raise KeyError(f"unknown exercise {exercise!r}; known: {', '.join(sorted(EXERCISES))}")
     if not callable(fn):
         raise TypeError(f"check({exercise!r}, fn) needs your function as fn, got {type(fn).__name__}")
-    ex = EXERCISES[exercise]
-    results = [run_case(case, fn) for case in ex.cases]
-    result = Result(exercise, sum(r.points for r in results), ex.max_points, results)
+    result = run_exercise(exercise, in_process(fn))
     RESULTS.append(result)
     if verbose:
-        for r in results:
-            print(r.line())
-        print(f"Score: {result.points}/{result.max_points} points")
+        for line in result.lines():
+            print(line)
     return result
 
 
@@ -232,26 +262,22 @@ def expect_token_list(name: str, got) -> list[int]:
     return [int(t) for t in got]
 
 
-def tv_distance(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Total variation distance ½·Σ|counts/n − probs| between empirical counts and a distribution."""
+def frequencies(counts: torch.Tensor) -> torch.Tensor:
+    """Empirical frequencies from counts (float64)."""
     counts = counts.double()
-    return 0.5 * float((counts / counts.sum() - probs.double()).abs().sum())
-
-
-def tv_bound(n: int, k: int, delta: float = 1e-6) -> float:
-    """ε such that n samples from a k-outcome distribution have TV >= ε with probability below ``delta``."""
-    return math.sqrt((k * math.log(2) + math.log(1 / delta)) / (2 * n))
+    return counts / counts.sum()
 
 
 def expect_distribution(name: str, samples, probs: torch.Tensor, delta: float = 1e-6) -> str:
-    """Empirical frequencies of integer ``samples`` must be within :func:`tv_bound` of ``probs`` (V,)."""
+    """Empirical frequencies of integer ``samples`` must be within ``tv_bound`` of ``probs`` (V,): k is the number
+    of outcomes with p > 0 (plus one when samples fell outside that support)."""
     samples = torch.as_tensor(samples, dtype=torch.long)
     V = probs.numel()
     if samples.numel() and (int(samples.min()) < 0 or int(samples.max()) >= V):
         raise Mismatch(f"{name} in 0..{V - 1}", f"value {int(samples.max())}")
     counts = torch.bincount(samples, minlength=V)
     k = int((probs > 0).sum()) + int(((counts > 0) & (probs == 0)).any())
-    tv, bound = tv_distance(counts, probs), tv_bound(samples.numel(), max(k, 2), delta)
+    tv, bound = tv_distance(frequencies(counts), probs), tv_bound(samples.numel(), max(k, 2), delta)
     if tv > bound:
         freq = counts.double() / counts.sum()
         raise Mismatch(f"{name} distributed as {fmt_probs(probs)} (TV <= {bound:.3f} over {samples.numel()} "

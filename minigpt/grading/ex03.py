@@ -3,16 +3,17 @@
 The sampled rule is checked for exactness statistically: over thousands of seeded rounds on small vocabularies
 (V = 6) the empirical distribution of what the learner's function emits is compared with what the algorithm
 must produce (the target's p at every position; acceptance counts set by Σ min(p, q)) through the total
-variation distance and the bound of :func:`~.core.tv_bound`. References: :mod:`minigpt.decoding.verify`.
+variation distance and the bound of :func:`minigpt.exactness.tv_bound`. References: :mod:`minigpt.decoding.verify`.
 """
 from __future__ import annotations
 
 import torch
 
 from ..decoding.verify import accept_greedy, accept_sampled
-from .core import (Exercise, Mismatch, expect_distribution, expect_tensor, expect_token_list, fmt_probs,
-                   tv_distance)
+from ..exactness import tv_distance
+from .core import Exercise, Mismatch, expect_distribution, expect_tensor, expect_token_list, fmt_probs, frequencies
 from .helpers import call_unchanged, expect_reproducible, pick_hint
+from .wire import NextTokenTable
 
 NOTEBOOK = "ex03_speculative_step.ipynb"
 V = 6
@@ -27,10 +28,11 @@ def _run_rounds(fn, q: torch.Tensor, p: torch.Tensor, n: int, seed: int) -> list
     """Draw n sets of drafts from q, call fn on each; check each output's structure; return the outputs."""
     gamma = q.shape[0]
     g = torch.Generator().manual_seed(seed)
-    drafts = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=g) for i in range(gamma)], 1)
+    drafts = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=g) for i in range(gamma)], 1).tolist()
     outs = []
-    for r, d in enumerate(drafts.tolist()):
-        out = expect_token_list("the returned tokens", fn(d, q.clone(), p.clone(), g))
+    answers = fn.map([(list(d), q.clone(), p.clone(), g) for d in drafts])  # one exchange, g shared in order
+    for r, (d, ret) in enumerate(zip(drafts, answers)):
+        out = expect_token_list("the returned tokens", ret)
         if not 1 <= len(out) <= gamma + 1:
             raise Mismatch(f"between 1 and {gamma + 1} tokens for {gamma} drafts", f"{len(out)} tokens {out} "
                            f"in round {r}", "accepted drafts, then exactly one token from the target")
@@ -77,10 +79,10 @@ def _first_token_variants(q: torch.Tensor, p: torch.Tensor) -> list[tuple[torch.
 def _diagnose_first(tokens, q: torch.Tensor, p: torch.Tensor, m: Mismatch) -> Mismatch:
     """Give ``m`` the hint of the known wrong rule whose distribution is closest to what was observed (when
     it is clearly closer than the right one)."""
-    counts = torch.bincount(torch.as_tensor(tokens, dtype=torch.long), minlength=V)
-    right = tv_distance(counts, p)
-    best = min(_first_token_variants(q, p), key=lambda v: tv_distance(counts, v[0]))
-    if tv_distance(counts, best[0]) < right / 2:
+    freq = frequencies(torch.bincount(torch.as_tensor(tokens, dtype=torch.long), minlength=V))
+    right = tv_distance(freq, p)
+    best = min(_first_token_variants(q, p), key=lambda v: tv_distance(freq, v[0]))
+    if tv_distance(freq, best[0]) < right / 2:
         m.hint = best[1]
     return m
 
@@ -263,9 +265,10 @@ def _greedy_variants(drafts, target) -> list[tuple[list[int], str]]:
     return [(v, h) for v, h in out if v != right]
 
 
-def _greedy_case(fn, drafts, target) -> str:
+def _greedy_case(fn, drafts, target, got=None) -> str:
+    """``got``: the answer when it was already obtained (a batch), else ``fn`` is called here."""
     expected = accept_greedy(drafts, target)
-    got = expect_token_list("the returned tokens", fn(list(drafts), list(target)))
+    got = expect_token_list("the returned tokens", fn(list(drafts), list(target)) if got is None else got)
     if got != expected:
         hint = pick_hint([h for v, h in _greedy_variants(drafts, target) if v == got])
         raise Mismatch(f"{expected} for drafts {drafts} and target argmax {target}", f"{got}", hint)
@@ -297,12 +300,15 @@ def _greedy_empty(fn):
 @greedy.case("200 random rounds", 1, "compare draft_tokens[i] with target_argmax[i], left to right")
 def _greedy_random(fn):
     g = torch.Generator().manual_seed(371)
+    rounds = []
     for r in range(200):
         gamma = r % 6
         target = torch.randint(50, (gamma + 1,), generator=g)
         agree = torch.rand(gamma, generator=g) < 0.8
         drafts = torch.where(agree, target[:gamma], torch.randint(50, (gamma,), generator=g))
-        _greedy_case(fn, drafts.tolist(), target.tolist())
+        rounds.append((drafts.tolist(), target.tolist()))
+    for (drafts, target), got in zip(rounds, fn.map([(list(d), list(t)) for d, t in rounds])):
+        _greedy_case(fn, drafts, target, got)
     return "200 rounds agree"
 
 
@@ -317,20 +323,11 @@ def _greedy_unchanged(fn):
 drafting = Exercise("draft", NOTEBOOK, "sample gamma tokens one at a time from next_probs, recording each q")
 
 
-class _Bigram:
-    """A toy drafter: the next-token distribution depends on the last token only (and counts its calls)."""
-
-    def __init__(self, table: torch.Tensor):
-        self.table, self.calls = table, 0
-
-    def __call__(self, context) -> torch.Tensor:
-        self.calls += 1
-        return self.table[int(context[-1])].clone()
-
-
-def _call_draft(fn, table, context, gamma, g, check_context=False):
+def _call_draft(fn, table, context, gamma, g, check_context=False, ret=None):
+    """Call the learner's draft (unless ``ret``, its answer from a batch, is given); check the answer's structure."""
     ctx = list(context)  # the learner's function gets its own copy: only one case grades leaving it unchanged
-    ret = fn(_Bigram(table), ctx, gamma, g)
+    if ret is None:
+        ret = fn(NextTokenTable(table), ctx, gamma, g)  # next_probs(context): row context[-1]
     if not isinstance(ret, (tuple, list)) or len(ret) != 2:
         raise Mismatch("a tuple (tokens, q)", f"a {type(ret).__name__}", "return tokens, torch.stack(qs)")
     tokens = expect_token_list("tokens", ret[0])
@@ -394,8 +391,8 @@ def _draft_samples(fn):
     table = _dist(g, V, sharpness=0.8)
     n = 3000
     firsts, seconds = [], []
-    for _ in range(n):
-        tokens, _ = _call_draft(fn, table, [4], 2, g)
+    for ret in fn.map([(NextTokenTable(table), [4], 2, g) for _ in range(n)]):
+        tokens, _ = _call_draft(fn, table, [4], 2, g, ret=ret)
         firsts.append(tokens[0])
         seconds.append(tokens[1])
     try:
@@ -419,12 +416,13 @@ def _draft_samples(fn):
 def _draft_end_to_end(fn):
     g = torch.Generator().manual_seed(385)
     table, target = _dist(g, V, sharpness=0.8), _dist(g, V, sharpness=1.5)
+    verify = torch.Generator().manual_seed(386)  # the rule's own random numbers, apart from the draft's
     firsts = []
-    for _ in range(3000):
+    for ret in fn.map([(NextTokenTable(table), [2], 2, g) for _ in range(3000)]):
         context = [2]
-        tokens, q = _call_draft(fn, table, context, 2, g)
+        tokens, q = _call_draft(fn, table, context, 2, g, ret=ret)
         seq = context + tokens
         p = torch.stack([target[seq[i]] for i in range(3)])  # target rows after context, tokens[0], tokens[1]
-        firsts.append(accept_sampled(tokens, q, p, g)[0])
+        firsts.append(accept_sampled(tokens, q, p, verify)[0])
     return expect_distribution("the first token of the round", firsts, target[2])
 

@@ -9,7 +9,7 @@ q[i] is the distribution node i was proposed from (one-hot for a deterministic c
 child). Reference: :func:`minigpt.decoding.verify.accept_tree_sampled` (SpecInfer, arXiv:2305.09781).
 
 The rule is checked statistically: over thousands of seeded rounds the first output token (and, on Lesson
-05's toy model, the first two) must follow the target's distribution within :func:`~.core.tv_bound`. A biased
+05's toy model, the first two) must follow the target's distribution within :func:`minigpt.exactness.tv_bound`. A biased
 rule is far outside that bound: ``tests/test_grading_ex07_ex08.py`` measures the distance each wrong rule
 reaches on the same inputs.
 """
@@ -22,7 +22,8 @@ import torch
 from ..decoding.candidates import children_of
 from ..decoding.verify import accept_tree_greedy, accept_tree_sampled
 from ..exactness import toy_tree
-from .core import Exercise, Mismatch, expect_distribution, expect_token_list, tv_distance
+from ..exactness import tv_distance
+from .core import Exercise, Mismatch, expect_distribution, expect_token_list, frequencies
 from .helpers import call_unchanged, expect_reproducible, pick_hint
 
 NOTEBOOK = "ex07_tree_sampling.ipynb"
@@ -39,9 +40,11 @@ def _dist(g: torch.Generator, rows: int, sharpness: float = 1.5, v: int = V) -> 
     return torch.softmax(sharpness * torch.randn(rows, v, generator=g, dtype=torch.float64), -1).float()
 
 
-def _call(fn, tokens, parents, q, p, g):
-    """Call the learner's function on copies; check the answer's structure; return (path, token)."""
-    ret = fn(list(tokens), list(parents), q.clone(), p.clone(), g)
+def _call(fn, tokens, parents, q, p, g, ret=None):
+    """Call the learner's function on copies (unless ``ret``, its answer from a batch, is given); check the
+    answer's structure; return (path, token)."""
+    if ret is None:
+        ret = fn(list(tokens), list(parents), q.clone(), p.clone(), g)
     if not isinstance(ret, (tuple, list)) or len(ret) != 2:
         raise Mismatch("a pair (path, token)", f"a {type(ret).__name__}" + (f" of length {len(ret)}" if
                        isinstance(ret, (tuple, list)) else ""), "return path, token (the docstring's Returns line)")
@@ -62,15 +65,19 @@ def _call(fn, tokens, parents, q, p, g):
     return path, int(token)
 
 
+def _batch(fn, rounds, g) -> list[tuple[list[int], int]]:
+    """(path, token) of the learner's function on each round (tokens, parents, q, p), in one exchange, every
+    call drawing from the generator ``g`` in turn."""
+    answers = fn.map([(list(t), list(par), q.clone(), p.clone(), g) for t, par, q, p in rounds])
+    return [_call(fn, *r, g, ret=ret) for r, ret in zip(rounds, answers)]
+
+
 def _first_tokens(fn, make_round, n: int, seed: int) -> list[int]:
-    """The first output token of n rounds (the first accepted node's token, or the last token)."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        tokens, parents, q, p = make_round(g)
-        path, token = _call(fn, tokens, parents, q, p, g)
-        out.append(tokens[path[0]] if path else token)
-    return out
+    """The first output token of n rounds (the first accepted node's token, or the last token). The rounds are
+    made from one generator, the learner's function draws from another."""
+    make, g = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 10_000)
+    rounds = [make_round(make) for _ in range(n)]
+    return [r[0][path[0]] if path else token for r, (path, token) in zip(rounds, _batch(fn, rounds, g))]
 
 
 # ---- exact first-token distributions of known wrong rules, one level of deterministic siblings -------------
@@ -112,9 +119,9 @@ def _one_level_variants(p: torch.Tensor, xs: list[int]) -> list[tuple[torch.Tens
 
 
 def _diagnose(tokens_seen, p: torch.Tensor, variants, m: Mismatch) -> Mismatch:
-    counts = torch.bincount(torch.as_tensor(tokens_seen, dtype=torch.long), minlength=p.numel())
-    right = tv_distance(counts, p)
-    close = [h for d, h in variants if tv_distance(counts, d.float()) < right / 2]
+    freq = frequencies(torch.bincount(torch.as_tensor(tokens_seen, dtype=torch.long), minlength=p.numel()))
+    right = tv_distance(freq, p)
+    close = [h for d, h in variants if tv_distance(freq, d.float()) < right / 2]
     m.hint = pick_hint(close) or m.hint
     return m
 
@@ -151,9 +158,7 @@ def _random_tree(g: torch.Generator, n: int, v: int = V, one_hot: bool = True):
            "the docstring's Returns line: accepted node indices after the root, then the last token as an int")
 def _structure(fn):
     g = torch.Generator().manual_seed(701)
-    for r in range(100):
-        tokens, parents, q, p = _random_tree(g, 1 + r % 9, one_hot=r % 2 == 0)
-        _call(fn, tokens, parents, q, p, g)
+    _batch(fn, [_random_tree(g, 1 + r % 9, one_hot=r % 2 == 0) for r in range(100)], g)
     return "100 random trees give well-formed answers"
 
 
@@ -177,8 +182,7 @@ def _zero_child(fn):
     tokens, parents = [0, 2, 4], [-1, 0, 0]
     q = torch.stack([torch.zeros(V), _dist(g, 1)[0], torch.nn.functional.one_hot(torch.tensor(4), V).float()])
     gen = torch.Generator().manual_seed(705)
-    for r in range(500):
-        path, token = _call(fn, tokens, parents, q, p, gen)
+    for r, (path, token) in enumerate(_batch(fn, [(tokens, parents, q, p)] * 500, gen)):
         if path[:1] == [1] or (not path and token == 2):
             raise Mismatch("node 1 (token 2, p = 0 at the root) never accepted, and token 2 never emitted there",
                            f"path {path}, token {token} in round {r}",
@@ -230,7 +234,7 @@ def _det_siblings_inputs() -> tuple[torch.Tensor, list[int]]:
            "Lesson 05, section 6, steps 1-3: each sibling is tried against the residual the rejected ones left")
 def _det_siblings(fn):
     p_root, xs = _det_siblings_inputs()
-    outs = _first_tokens(fn, _siblings_round(p_root, xs), 5000, seed=708)
+    outs = _first_tokens(fn, _siblings_round(p_root, xs), 8000, seed=708)
     try:
         return expect_distribution("the first output token", outs, p_root)
     except Mismatch as m:
@@ -266,11 +270,10 @@ def _toy_tree(g: torch.Generator):
            "Lesson 05, section 6: the sibling rule at every node of the accepted path, descending into each "
            "accepted child")
 def _toy_joint(fn):
-    g = torch.Generator().manual_seed(711)
+    g, gen = torch.Generator().manual_seed(711), torch.Generator().manual_seed(712)
+    trees = [_toy_tree(g) for _ in range(4000)]
     joint, lengths = [], []
-    for _ in range(4000):
-        tokens, parents, q, p = _toy_tree(g)
-        path, token = _call(fn, tokens, parents, q, p, g)
+    for (tokens, parents, q, p), (path, token) in zip(trees, _batch(fn, trees, gen)):
         lengths.append(len(path))
         out = [tokens[i] for i in path] + [token]
         if len(out) == 1:  # one token this round: the next comes from the target itself

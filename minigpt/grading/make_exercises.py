@@ -1,4 +1,5 @@
-"""Make the learner's notebooks from the solved ones: ``python -m minigpt.grading.make_exercises [--check]``.
+"""Make the learner's notebooks from the solved ones: ``python -m minigpt.grading.make_exercises [--check]``;
+build the release learners get, without ``solutions/``: ``... --release-folder DIR``.
 
 ``solutions/`` is the single source. In a graded cell the learner's part sits between two marker lines
 (nbgrader's)::
@@ -16,18 +17,27 @@ uses to match a submission's cells with the release's, ``metadata.minigpt = {"ce
 the role is ``"learner"`` for a cell with a solution region, ``"check"`` for a cell that calls ``check(...)``
 (it may not also hold a region), ``"given"`` for every other code cell; the id is the cell's nbformat id (or
 ``cell-<n>`` for notebooks older than nbformat 4.5). The roles come from the content, so nobody writes them.
+The notebook itself gets its exercise identity, ``metadata.minigpt = {"exercise": "<file stem>"}``: the grading
+command finds a submission's release notebook by it, whatever the learner renamed the file to.
 The JSON is written the way nbformat writes it (sorted keys, indent 1, trailing newline), so generating twice
 gives the same bytes.
 
 ``--check`` writes nothing: it exits 1 naming every exercise that is missing or out of date, every region that
 is not closed, and every solution notebook with stray outputs (error outputs, unexecuted cells, paths of the
 machine it ran on).
+
+``--release-folder DIR`` copies the course as learners get it into DIR: every file git tracks (every file, outside
+a git checkout) except ``solutions/``, the tests (which read the solutions) and CI files, with ``exercises/``
+generated afresh from ``solutions/``. It refuses a DIR that exists and is not empty, and checks what it wrote: no
+``solutions/`` folder, no notebook with a solution marker or a solution region's code.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -79,8 +89,10 @@ def stub_source(source: str, where: str = "cell") -> tuple[str, int]:
 
 
 def make_exercise(solution_text: str, name: str = "notebook") -> str:
-    """The exercise notebook (as JSON text) generated from a solution notebook's JSON text."""
+    """The exercise notebook (as JSON text) generated from a solution notebook's JSON text; ``name`` is its file
+    name, whose stem becomes the notebook's exercise identity."""
     nb = nbformat.reads(solution_text, as_version=nbformat.NO_CONVERT)
+    nb.metadata["minigpt"] = {"exercise": Path(name).stem}
     total = 0
     for index, cell in enumerate(nb.cells):
         where = f"{name}, cell {index + 1}"
@@ -170,13 +182,94 @@ def run(solutions: Path, exercises: Path, check: bool) -> int:
     return 1 if problems else 0
 
 
+RELEASE_EXCLUDE = ("solutions/", "tests/", ".ci/", ".github/")
+
+
+def _course_files(root: Path) -> list[str]:
+    """The course's files relative to ``root``: git's tracked files, or every file outside hidden and build folders."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True, timeout=60).stdout
+        files = [f for f in out.decode("utf-8").split("\0") if f]
+        if files:
+            return [f for f in files if (root / f).is_file()]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    skip = {"__pycache__", "build", "dist", "venv", "runs"}
+    return [str(p.relative_to(root)) for p in sorted(root.rglob("*")) if p.is_file() and not any(
+        part.startswith(".") or part in skip or part.endswith(".egg-info") for part in p.relative_to(root).parts)]
+
+
+def solution_lines(solutions: Path) -> set[str]:
+    """The code lines (longer than 12 characters) inside the solution regions of ``solutions/*.ipynb``."""
+    lines = set()
+    for path in sorted(solutions.glob("*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        for cell in nb.cells:
+            inside = False
+            for line in cell.source.split("\n") if cell.cell_type == "code" else []:
+                if BEGIN.match(line):
+                    inside = True
+                elif END.match(line):
+                    inside = False
+                elif inside and len(line.strip()) > 12:
+                    lines.add(line.strip())
+    return lines
+
+
+def release_problems(folder: Path, solutions: Path) -> list[str]:
+    """What makes ``folder`` unfit to give learners: a solutions folder, a notebook with a solution marker or a
+    line of a solution region."""
+    problems = [f"{folder / 'solutions'} exists"] if (folder / "solutions").exists() else []
+    secret = solution_lines(solutions)
+    for path in sorted(folder.rglob("*.ipynb")):
+        text = path.read_text(encoding="utf-8")
+        if "### BEGIN SOLUTION" in text or "### END SOLUTION" in text:
+            problems.append(f"{path} holds a solution marker")
+        nb = nbformat.reads(text, as_version=4)
+        leaked = {line.strip() for c in nb.cells if c.cell_type == "code" for line in c.source.split("\n")} & secret
+        if leaked:
+            problems.append(f"{path} holds {len(leaked)} line(s) of a solution, e.g. {sorted(leaked)[0]!r}")
+    return problems
+
+
+def build_release(root: Path, folder: Path) -> list[str]:
+    """Copy the course without its solutions into ``folder`` (see the module docstring); returns the files
+    written, relative to ``folder``. Raises ``ValueError`` when ``folder`` is not empty or the result leaks."""
+    root, folder = root.resolve(), folder.resolve()
+    if folder.exists() and any(folder.iterdir()):
+        raise ValueError(f"{folder} exists and is not empty")
+    if folder == root or root in folder.parents:
+        raise ValueError(f"{folder} is inside the course folder {root}: choose a folder outside it")
+    files = [f for f in _course_files(root) if not f.startswith(RELEASE_EXCLUDE) and not f.startswith("exercises/")]
+    for rel in files:
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, folder / rel)
+    status = run(root / "solutions", folder / "exercises", check=False)
+    if status:
+        raise ValueError("the exercises could not be generated from the solutions")
+    problems = release_problems(folder, root / "solutions")
+    if problems:
+        raise ValueError("the release would give away solutions: " + "; ".join(problems))
+    return sorted(files + [f"exercises/{p.name}" for p in (folder / "exercises").glob("*.ipynb")])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minigpt.grading.make_exercises",
                                      description="Generate exercises/*.ipynb from solutions/*.ipynb.")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if exercises are stale")
     parser.add_argument("--solutions", type=Path, default=Path("solutions"), help="default: ./solutions")
     parser.add_argument("--exercises", type=Path, default=Path("exercises"), help="default: ./exercises")
+    parser.add_argument("--release-folder", type=Path, metavar="DIR",
+                        help="build the learners' release (the course without solutions/) in DIR")
     args = parser.parse_args(argv)
+    if args.release_folder:
+        try:
+            written = build_release(args.solutions.resolve().parent, args.release_folder)
+        except ValueError as e:
+            print(f"release not built: {e}", file=sys.stderr)
+            return 1
+        print(f"wrote the release to {args.release_folder}: {len(written)} files, no solutions/")
+        return 0
     return run(args.solutions, args.exercises, args.check)
 
 

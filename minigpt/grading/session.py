@@ -1,62 +1,38 @@
-"""The kernel side of ``python -m minigpt.grade``: a private grader inside the notebook's kernel.
+"""The kernel side of ``python -m minigpt.grade``: the learner's functions answer the judge's calls.
 
 The grading command runs, before any cell of the submission, one cell of its own::
 
     import minigpt.grading.session as _s; _s.start("/tmp/.../handshake.json"); del _s
 
-:func:`start` reads the handshake file (a secret made for this run, the path of a results file, the output cap,
-the name to bind) and deletes it, then
+:func:`start` reads the handshake file (a token made for this run, the output cap, the name to bind, an optional
+memory limit) and deletes it, caps what each cell can print (``sys.stdout`` / ``sys.stderr``, ``stream_limit``
+characters per cell), and binds one callable under a per-run name in the notebook's namespace. The grader runs
+each restored check cell through it: ``<name>(cell_number, "<the release's check cell>", "<address>")``. It
+executes the release's source with ``check`` bound, for that cell only, to a function that connects to the
+judge at ``address`` (a socket the judge opened for this cell), names the exercise, and then only answers: for
+each call the judge sends, it calls the learner's function on the inputs received and sends back the value it
+returned as plain data (:func:`.wire.serve_call`). When the judge is done it sends the lines to print.
 
-* loads a **private copy** of the grading package (:func:`private_grading`): its ``check``, its registry of
-  exercises and its cases are module objects that no name in the notebook points to, so reassigning
-  ``minigpt.grading.check`` or ``minigpt.grading.core.check``, or redefining ``check`` in the notebook, does
-  not reach them;
-* binds one callable under a per-run name in the notebook's namespace. The grader runs each restored check cell
-  through it: ``<name>(cell_number, "<the release's source of the check cell>")``. It executes that source with
-  ``check`` bound to the private check for the duration of the cell, and appends one line per result to the
-  results file: the result as JSON and an HMAC-SHA256 of it under the secret. The grading command accepts a
-  line only if its HMAC verifies and it names the check cell that was running when it was written;
-* caps what a cell can print (``sys.stdout`` / ``sys.stderr``) to ``stream_limit`` characters per cell.
-
-This is a defence against a learner's notebook forging a score by the obvious means (printing a result line,
-redefining ``check``, patching the public grading module, editing the check cell). It is not a sandbox: the
-learner's code runs in this same process and could, with effort, find the secret in memory, patch the library
-functions the checks compare against, or patch torch. docs/grading.md says what is and is not protected.
+Nothing here computes a verdict, and nothing the learner's code does in this process can reach the judge except
+the values its functions return: the references, the comparisons and the score live in the judge's process
+(:mod:`.judge`). This module imports only :mod:`.wire`, not the graders.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
-import importlib.util
 import json
+import socket
 import sys
-import threading
 from pathlib import Path
-from types import ModuleType
 from typing import Callable
 
+import torch
 
-def sign(secret: bytes, payload: str) -> str:
-    """The HMAC-SHA256 (hex) of one result line's payload under the run's secret."""
-    return hmac.new(secret, payload.encode("utf-8"), hashlib.sha256).hexdigest()
+from . import wire
 
-
-def private_grading(tag: str) -> ModuleType:
-    """A fresh copy of ``minigpt.grading`` (its core, its exercise modules, their cases), not in ``sys.modules``.
-
-    It is loaded as ``minigpt._grading_<tag>`` so that its relative imports of the library (``..decoding``)
-    resolve to the shared ``minigpt`` modules, and removed from ``sys.modules`` once loaded."""
-    here = Path(__file__).resolve().parent
-    name = f"minigpt._grading_{tag}"
-    spec = importlib.util.spec_from_file_location(name, here / "__init__.py", submodule_search_locations=[str(here)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-            del sys.modules[key]
-    return module
+try:
+    import resource
+except ImportError:  # Windows: no address-space limit
+    resource = None
 
 
 class CappedStream:
@@ -91,15 +67,55 @@ class CappedStream:
             object.__setattr__(self, name, value)
 
 
+def connect(address: str) -> socket.socket:
+    """A connection to the judge: ``unix:<path>`` or ``tcp:<host>:<port>``."""
+    kind, _, rest = address.partition(":")
+    if kind == "unix":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(rest)
+    else:
+        host, _, port = rest.rpartition(":")
+        sock = socket.create_connection((host, int(port)))
+    return sock
+
+
+def answer(address: str, token: str, cell: int, exercise: str, fn: Callable) -> None:
+    """Serve the judge's calls of ``exercise`` with ``fn`` until it is done; print the lines it sends."""
+    saved = torch.get_rng_state()  # the learner's global RNG is the judge's during the check, theirs again after
+    try:
+        with connect(address) as sock:
+            wire.send(sock, {"token": token, "cell": cell, "exercise": exercise})
+            while True:
+                message, blobs = wire.receive(sock)
+                if message.get("op") == "call":
+                    wire.send(sock, *wire.serve_call(fn, message, blobs))
+                elif message.get("op") == "map":
+                    wire.send(sock, *wire.serve_map(fn, message, blobs))
+                else:
+                    for line in message.get("lines", []):
+                        print(line)
+                    return
+    except (OSError, wire.WireError) as e:
+        print(f"the grader's connection for {exercise} broke ({type(e).__name__})")
+    finally:
+        torch.set_rng_state(saved)
+
+
+def _limit_memory(megabytes: int) -> None:
+    if resource is None:
+        return
+    limit = int(megabytes) * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))  # hard limit too: learner code cannot raise it back
+
+
 def start(handshake: str) -> None:
     """Set up grading in this kernel (see the module docstring). Called once, before any learner code."""
     path = Path(handshake)
     config = json.loads(path.read_text(encoding="utf-8"))
     path.unlink()
-    secret = bytes.fromhex(config["secret"])
-    results = open(config["results"], "a", encoding="utf-8")  # noqa: SIM115  (kept open for the whole run)
-    grading = private_grading(config["tag"])
-    private_check: Callable = grading.core.check
+    token = str(config["token"])
+    if config.get("memory_limit_mb"):
+        _limit_memory(config["memory_limit_mb"])
 
     shell = get_ipython()  # noqa: F821  (defined in an IPython kernel, where this runs)
     limit = int(config["stream_limit"])
@@ -108,45 +124,18 @@ def start(handshake: str) -> None:
     for stream in streams:
         shell.events.register("pre_run_cell", stream.reset)
 
-    # bound now, before any learner code runs: patching json.dumps or hmac.new later changes nothing here
-    dumps, new_mac, sha256, write, flush = json.dumps, hmac.new, hashlib.sha256, results.write, results.flush
-    main_thread, current_thread = threading.main_thread(), threading.current_thread
-    run_exec, run_compile = exec, compile
-
-    def record(payload: dict) -> None:
-        text = dumps(payload, sort_keys=True)
-        write(dumps({"payload": text, "mac": new_mac(secret, text.encode("utf-8"), sha256).hexdigest()}) + "\n")
-        flush()
-
-    busy = []  # non-empty while a check runs: a check called from inside the learner's function is refused
-    done: set[int] = set()  # each check cell runs once: a second call for the same cell records nothing
-
-    def run_check_cell(cell: int, source: str) -> None:
-        if cell in done or current_thread() is not main_thread:
-            raise RuntimeError("this check cell has already run")
-        done.add(cell)
+    def run_check_cell(cell: int, source: str, address: str) -> None:
         namespace = shell.user_ns
         had, previous = "check" in namespace, namespace.get("check")
 
-        def check(exercise: str, fn: Callable, *, verbose: bool = True):
-            if busy or current_thread() is not main_thread:
-                raise RuntimeError("check() cannot be called while a check is running")
-            busy.append(exercise)
-            try:
-                result = private_check(exercise, fn, verbose=verbose)
-            finally:
-                busy.pop()
-            record({"cell": cell, "exercise": exercise, "result": result.as_dict()})
-            return result
+        def check(exercise: str, fn: Callable, *, verbose: bool = True) -> None:
+            if not callable(fn):
+                raise TypeError(f"check({exercise!r}, fn) needs your function as fn, got {type(fn).__name__}")
+            answer(address, token, cell, str(exercise), fn)
 
         namespace["check"] = check
         try:
-            run_exec(run_compile(source, f"<check cell {cell}>", "exec"), namespace)
-        except Exception as e:  # e.g. NameError: the learner's function is not defined
-            lines = str(e).strip().splitlines()
-            message = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-            print(f"the check cell raised {message}")
-            record({"cell": cell, "error": message})
+            exec(compile(source, f"<check cell {cell}>", "exec"), namespace)  # e.g. NameError: not defined
         finally:
             if had:
                 namespace["check"] = previous
