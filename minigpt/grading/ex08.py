@@ -1,18 +1,25 @@
-"""Checks for exercise 08: the speed-up model of chain speculative decoding (Lesson 04b, sections 2 and 3).
+"""Checks for exercise 08: the speed-up model where Lesson 04b stopped (position-dependent acceptance, not
+speculating at all, the weakest draft worth having).
 
-Notation as in Lesson 04b and the course's vocabulary: α is the probability that a drafted token is accepted
-(acceptances independent), γ the drafted tokens per round, c the cost of one draft pass as a fraction of a
-one-token target step, r(k) the cost of a target pass over k tokens in one-token steps (r(1) = 1; a round's
-verification pass scores γ + 1 tokens, so it costs ``r_verify = r(γ + 1)``, 1 when memory-bound).
+Notation as in Lesson 04b and the course's vocabulary: γ drafted tokens per round, c the cost of one draft pass
+as a fraction of a one-token target step, r(k) the cost of a target pass over k tokens in one-token steps (r(1)
+= 1; a round's verification pass scores γ + 1 tokens, so it costs r(γ + 1)). Lesson 04b gave every drafted
+position the same acceptance probability α; here ``alphas[i]`` is the probability that the draft at position
+i + 1 is accepted given that the drafts before it were.
 
-* ``expected_tokens(alpha, gamma)`` = Σ_{k=0..γ} α^k = (1 − α^(γ+1)) / (1 − α), and γ + 1 when α = 1;
-* ``speedup(alpha, gamma, c, r_verify=1.0)`` = expected_tokens / (γ·c + r_verify);
-* ``best_gamma(alpha, c, r=None, gamma_max=24)``: the γ in 1..gamma_max with the largest
-  ``speedup(alpha, γ, c, r(γ + 1))``, the smallest such γ on a tie (Python's ``max`` over ``range(1, gamma_max + 1)``,
-  as Lesson 04b's table does); ``r=None`` means memory-bound verification, r(k) = 1.
+* ``expected_tokens(alphas)`` = 1 + Σ_{k=1..γ} Π_{i<k} alphas[i] (γ = len(alphas)): the round emits A + 1 tokens
+  and P(A >= k) is the product of the first k acceptance probabilities;
+* ``best_gamma(alphas, c, r=None)``: the γ in 0..len(alphas) with the largest speed-up
+  expected_tokens(alphas[:γ]) / (γ·c + r(γ + 1)), where γ = 0 is plain decoding (speed-up 1); the smallest such γ
+  on a tie (Python's ``max`` over ``range(len(alphas) + 1)``); ``r=None`` means r(k) = 1;
+* ``break_even_alpha(c, r=None, gamma_max=8)``: the smallest constant α at which some γ in 1..gamma_max is as fast
+  as plain decoding (speed-up 1), or ``None`` when even α = 1 is not. The speed-up grows with α for every γ >= 1,
+  so it is the smallest over γ of the root of Σ_{k=1..γ} α^k = γ·c + r(γ + 1) − 1; with r = 1 it is c itself.
 
-The values are checked exactly (relative error 1e-9) and against a simulation of rounds with independent
-Bernoulli(α) acceptances, within a Hoeffding bound that a right formula exceeds with probability below 1e-6.
+The values are checked exactly (relative error 1e-9; break_even_alpha to 1e-6) and expected_tokens also against
+a simulation of rounds with those acceptance probabilities, within a Hoeffding bound that a right formula
+exceeds with probability below 1e-6. A function returning the same number whatever its inputs earns nothing:
+every case has answers that differ.
 """
 from __future__ import annotations
 
@@ -24,29 +31,59 @@ import torch
 
 from .core import Exercise, Mismatch, expect_number
 from .helpers import pick_hint
+from .wire import CostTable
 
 NOTEBOOK = "ex08_speedup_model.ipynb"
 
 
-def reference_expected_tokens(alpha: float, gamma: int) -> float:
-    return float(gamma + 1) if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+def reference_expected_tokens(alphas) -> float:
+    total, reach = 1.0, 1.0
+    for a in alphas:
+        reach *= a
+        total += reach
+    return total
 
 
-def reference_speedup(alpha: float, gamma: int, c: float, r_verify: float = 1.0) -> float:
-    return reference_expected_tokens(alpha, gamma) / (gamma * c + r_verify)
+def reference_speedup(alphas, c: float, r=None) -> float:
+    gamma = len(alphas)
+    return reference_expected_tokens(alphas) / (gamma * c + (r(gamma + 1) if r else 1.0))
 
 
-def reference_best_gamma(alpha: float, c: float, r=None, gamma_max: int = 24) -> int:
-    r = r or (lambda k: 1.0)
-    return max(range(1, gamma_max + 1), key=lambda g: reference_speedup(alpha, g, c, r(g + 1)))
+def reference_best_gamma(alphas, c: float, r=None) -> int:
+    return max(range(len(alphas) + 1), key=lambda g: reference_speedup(list(alphas)[:g], c, r))
 
 
-def simulate_rounds(alpha: float, gamma: int, n_rounds: int, seed: int) -> torch.Tensor:
-    """Tokens emitted by each of n_rounds simulated rounds: drafts accepted independently with probability
-    alpha until the first rejection, plus the target's one token."""
+def _root(gamma: int, target: float) -> float | None:
+    """The α in [0, 1] with Σ_{k=1..γ} α^k = target (the sum grows with α), None if even α = 1 falls short."""
+    if target <= 0:
+        return 0.0
+    if target > gamma:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if sum(mid ** k for k in range(1, gamma + 1)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def reference_break_even_alpha(c: float, r=None, gamma_max: int = 8) -> float | None:
+    roots = [_root(g, g * c + (r(g + 1) if r else 1.0) - 1) for g in range(1, gamma_max + 1)]
+    roots = [x for x in roots if x is not None]
+    return min(roots) if roots else None
+
+
+def simulate_rounds(alphas, n_rounds: int, seed: int) -> torch.Tensor:
+    """Tokens emitted by each of n_rounds simulated rounds: draft i accepted with probability alphas[i] (given the
+    ones before it were), until the first rejection, plus the target's one token."""
     g = torch.Generator().manual_seed(seed)
-    accepted = (torch.rand(n_rounds, gamma, generator=g, dtype=torch.float64) < alpha).int()
-    return accepted.cumprod(1).sum(1).double() + 1 if gamma else torch.ones(n_rounds, dtype=torch.float64)
+    if not alphas:
+        return torch.ones(n_rounds, dtype=torch.float64)
+    u = torch.rand(n_rounds, len(alphas), generator=g, dtype=torch.float64)
+    accepted = (u < torch.tensor(alphas, dtype=torch.float64)).int()
+    return accepted.cumprod(1).sum(1).double() + 1
 
 
 def hoeffding(width: float, n: int, delta: float = 1e-6) -> float:
@@ -55,28 +92,43 @@ def hoeffding(width: float, n: int, delta: float = 1e-6) -> float:
     return width * math.sqrt(math.log(2 / delta) / (2 * n))
 
 
-# ---- expected_tokens(alpha, gamma) ----------------------------------------------------------------------------
+def _fmt(alphas) -> str:
+    return "[" + ", ".join(f"{a:g}" for a in alphas) + "]"
 
-tokens = Exercise("expected_tokens", NOTEBOOK, "(1 - alpha^(gamma+1)) / (1 - alpha) tokens per round; gamma + 1 "
-                  "when alpha = 1")
+
+# ---- expected_tokens(alphas) ------------------------------------------------------------------------------------
+
+tokens = Exercise("expected_tokens", NOTEBOOK, "1 + Σ_k Π_{i<k} alphas[i]: the round's accepted drafts plus the "
+                  "target's token, with P(A >= k) the product of the first k acceptance probabilities")
+
+
+def _mean_closed_form(alphas):
+    a, g = sum(alphas) / len(alphas), len(alphas)
+    return g + 1.0 if a == 1 else (1 - a ** (g + 1)) / (1 - a)
+
 
 _TOKEN_BUGS = [
-    (lambda a, g: (1 - a ** g) / (1 - a), "the sum of a geometric series Σ_{k=0..γ} α^k has γ + 1 terms: the "
-                                          "exponent is γ + 1"),
-    (lambda a, g: (1 - a ** (g + 1)) / (1 - a) - 1, "this is the number of accepted drafts; a round also emits "
-                                                    "one token of the target (the replacement or the bonus)"),
-    (lambda a, g: (1 - a ** (g + 2)) / (1 - a), "one term too many: the round emits at most γ + 1 tokens"),
-    (lambda a, g: 1 / (1 - a), "1 / (1 − α) is the limit for an endless draft; a round drafts only γ tokens"),
-    (lambda a, g: (1 - a ** g + 1) / (1 - a), "operator precedence: write alpha ** (gamma + 1), with brackets"),
+    (_mean_closed_form, "Lesson 04b's closed form at the mean acceptance rate: with acceptance probabilities "
+                        "that differ by position, P(A >= k) is not (mean)^k. What is the probability that the "
+                        "first k drafts are all accepted?"),
+    (lambda al: 1 + sum(al), "each draft counted with its own probability, as if a rejection did not end the round: "
+                             "draft k is only emitted if every draft before it was accepted too"),
+    (lambda al: reference_expected_tokens(al) - 1, "this counts the accepted drafts only; a round also emits one "
+                                                   "token of the target (the replacement or the bonus)"),
+    (lambda al: 1 + sum(a ** (k + 1) for k, a in enumerate(al)), "alphas[k] to the power k + 1 mixes Lesson 04b's "
+                                                                "α^k with the profile: the k-th term is a product "
+                                                                "of k different probabilities"),
+    (lambda al: 2 + sum(math.prod(al[:k]) for k in range(1, len(al))),
+     "off by one: the first term of the sum is P(A >= 1) = alphas[0], not 1"),
 ]
 
 
-def _token_hint(got, alpha, gamma) -> str | None:
+def _token_hint(got, alphas) -> str | None:
     hints = []
     for bug, hint in _TOKEN_BUGS:
         try:
-            want = bug(alpha, gamma)
-        except ZeroDivisionError:
+            want = bug(list(alphas))
+        except (ZeroDivisionError, ValueError):
             continue
         if isinstance(got, numbers.Real) and math.isfinite(float(got)) and math.isclose(float(got), want,
                                                                                          rel_tol=1e-9):
@@ -84,238 +136,243 @@ def _token_hint(got, alpha, gamma) -> str | None:
     return pick_hint(hints)
 
 
-def _tokens_case(fn, calls) -> str:
-    for alpha, gamma in calls:
-        got = fn(alpha, gamma)
+def _tokens_case(fn, profiles) -> str:
+    for alphas in profiles:
+        got = fn(list(alphas))
         try:
-            expect_number(f"expected_tokens({alpha}, {gamma})", got, reference_expected_tokens(alpha, gamma))
+            expect_number(f"expected_tokens({_fmt(alphas)})", got, reference_expected_tokens(alphas))
         except Mismatch as m:
-            m.hint = _token_hint(got, alpha, gamma) or m.hint
+            m.hint = (_token_hint(got, alphas) if alphas else None) or m.hint
             raise
-    return f"{len(calls)} value{'s' if len(calls) > 1 else ''} agree{'' if len(calls) > 1 else 's'}"
+    return f"{len(profiles)} profiles agree"
 
 
-@tokens.case("Lesson 04b's examples: alpha = 0.6, gamma = 3 and alpha = 0.9, gamma = 8", 2,
-             "Lesson 04b, section 2: the round emits A + 1 tokens, and P(A >= k) = alpha^k")
-def _tokens_lesson(fn):
-    return _tokens_case(fn, [(0.6, 3), (0.9, 8)])
+@tokens.case("a constant profile gives Lesson 04b's closed form (alpha = 0.6, gamma = 3; alpha = 0.9, gamma = 8)", 2,
+             "Lesson 04b, section 2: the expected tokens are 1 + the sum over k of P(A >= k)")
+def _tokens_constant(fn):
+    return _tokens_case(fn, [[0.6] * 3, [0.9] * 8, [0.75]])
 
 
-@tokens.case("no drafts (gamma = 0) or a hopeless draft (alpha = 0): one token per round", 1,
-             "with nothing accepted the round still emits the target's own token")
+@tokens.case("no drafts, or a first draft that is never accepted: one token per round", 1,
+             "a round always emits the target's token; nothing after a certain rejection can be accepted")
 def _tokens_edges(fn):
-    return _tokens_case(fn, [(0.7, 0), (0.0, 4), (0.0, 0)])
+    return _tokens_case(fn, [[], [0.0, 0.9, 0.9], [0.5, 0.0, 1.0]])
 
 
-@tokens.case("a perfect draft (alpha = 1): gamma + 1 tokens, no division by zero", 1,
-             "the closed form divides by 1 - alpha; at alpha = 1 every term alpha^k is 1: return gamma + 1")
-def _tokens_alpha_one(fn):
-    return _tokens_case(fn, [(1.0, 4), (1, 1), (1.0, 0)])
+@tokens.case("a perfect draft: gamma + 1 tokens, also when perfection stops at some position", 1,
+             "with acceptance probability 1 every term of the sum is 1 until the first position below 1")
+def _tokens_perfect(fn):
+    return _tokens_case(fn, [[1.0] * 4, [1.0, 1.0, 0.5], [1, 1]])
 
 
-@tokens.case("long drafts approach the limit 1 / (1 - alpha) from below", 1,
-             "Lesson 04b, section 2: the sum is 1 + alpha + ... + alpha^gamma")
-def _tokens_limit(fn):
-    return _tokens_case(fn, [(0.5, 40), (0.8, 60), (0.95, 200)])
+@tokens.case("a falling profile (later drafts accepted less often) differs from the mean's closed form", 1,
+             "a later draft counts only if all the drafts before it were accepted")
+def _tokens_falling(fn):
+    return _tokens_case(fn, [[0.8, 0.7, 0.6, 0.5], [0.95, 0.6, 0.3, 0.1, 0.05]])
 
 
-@tokens.case("agrees with a simulation of 200000 rounds with independent acceptances", 2,
-             "simulate it yourself: accept each draft with probability alpha until the first rejection, then "
-             "add the target's token; average over rounds")
+@tokens.case("agrees with a simulation of 200000 rounds with these acceptance probabilities", 2,
+             "simulate it yourself: accept draft k with probability alphas[k] until the first rejection, then add "
+             "the target's token; average over rounds")
 def _tokens_simulated(fn):
     rng = random.Random(801)
     worst = ""
     for i in range(4):
-        alpha, gamma = round(rng.uniform(0.3, 0.95), 3), rng.randint(1, 8)
-        sim = simulate_rounds(alpha, gamma, 200_000, seed=802 + i)
-        mean, bound = float(sim.mean()), hoeffding(gamma, 200_000)
-        got = expect_number(f"expected_tokens({alpha}, {gamma})", fn(alpha, gamma), mean, rel=1.0)  # a number
+        alphas = [round(rng.uniform(0.2, 0.98), 3) for _ in range(rng.randint(1, 8))]
+        sim = simulate_rounds(alphas, 200_000, seed=802 + i)
+        mean, bound = float(sim.mean()), hoeffding(len(alphas), 200_000)
+        got = expect_number(f"expected_tokens({_fmt(alphas)})", fn(list(alphas)), mean, rel=1.0)  # a number
         if abs(got - mean) > bound:
-            raise Mismatch(f"expected_tokens({alpha}, {gamma}) within {bound:.3f} of the simulated mean "
-                           f"{mean:.4f} (200000 rounds)", f"{got:.4f}", _token_hint(got, alpha, gamma))
-        worst = f"e.g. alpha={alpha}, gamma={gamma}: {got:.4f} vs simulated {mean:.4f} (bound {bound:.3f})"
-    return "4 settings agree with the simulation; " + worst
+            raise Mismatch(f"expected_tokens({_fmt(alphas)}) within {bound:.3f} of the simulated mean "
+                           f"{mean:.4f} (200000 rounds)", f"{got:.4f}", _token_hint(got, alphas))
+        worst = f"e.g. {_fmt(alphas)}: {got:.4f} vs simulated {mean:.4f} (bound {bound:.3f})"
+    return "4 profiles agree with the simulation; " + worst
 
 
-# ---- speedup(alpha, gamma, c, r_verify=1.0) ------------------------------------------------------------------
+# ---- best_gamma(alphas, c, r=None) --------------------------------------------------------------------------------
 
-speed = Exercise("speedup", NOTEBOOK, "expected tokens per round over the round's cost gamma * c + r_verify, "
-                 "in one-token target steps")
-
-_SPEEDUP_BUGS = [
-    (lambda a, g, c, v: reference_expected_tokens(a, g) / (c + v), "the draft runs once per drafted token: the "
-                                                                  "draft's cost is γ·c, not c"),
-    (lambda a, g, c, v: reference_expected_tokens(a, g) / ((g + 1) * c + v), "the draft makes γ passes per round "
-                                                                            "(γ·c), not γ + 1"),
-    (lambda a, g, c, v: reference_expected_tokens(a, g) / (g * c + 1), "r_verify (r(γ + 1), the cost of the "
-                                                                      "verification pass) is not used: the round "
-                                                                      "costs γ·c + r_verify"),
-    (lambda a, g, c, v: reference_expected_tokens(a, g) / (g * c), "the round also pays one target pass "
-                                                                  "(r_verify): γ·c + r_verify"),
-    (lambda a, g, c, v: reference_expected_tokens(a, g) / (g * c * v), "the costs add up: γ·c + r_verify, "
-                                                                      "not a product"),
-    (lambda a, g, c, v: (reference_expected_tokens(a, g) - 1) / (g * c + v), "the accepted drafts are not all "
-                                                                            "the tokens: add the target's token "
-                                                                            "(expected_tokens)"),
-    (lambda a, g, c, v: (g * c + v) / reference_expected_tokens(a, g), "upside down: speed-up = tokens per round "
-                                                                      "/ cost per round"),
-]
+best = Exercise("best_gamma", NOTEBOOK, "the gamma in 0..len(alphas) (0: plain decoding) with the largest speed-up "
+                "expected_tokens(alphas[:gamma]) / (gamma c + r(gamma + 1)); the smallest on a tie")
 
 
-def _speedup_hint(got, args, rel: float = 1e-9) -> str | None:
-    """The hint of the known mistakes that give ``got`` for these arguments (within ``rel``)."""
-    full = tuple(args) + (1.0,) * (4 - len(args))
-    hints = []
-    for bug, hint in _SPEEDUP_BUGS:
-        try:
-            want = bug(*full)
-        except ZeroDivisionError:
-            continue
-        if isinstance(got, numbers.Real) and math.isfinite(float(got)) and math.isclose(float(got), want, rel_tol=rel):
-            hints.append(hint)
-    return pick_hint(hints)
+def _linear(slope: float, n: int) -> CostTable:
+    return CostTable([1 + slope * (k - 1) for k in range(1, n + 2)], f"1 + {slope:g} (k - 1)")
 
 
-def _speedup_case(fn, calls) -> str:
-    for args in calls:
-        got = fn(*args)
-        try:
-            expect_number(f"speedup{args}", got, reference_speedup(*args))
-        except Mismatch as m:
-            m.hint = _speedup_hint(got, args) or m.hint
-            raise
-    return f"{len(calls)} value{'s' if len(calls) > 1 else ''} agree{'' if len(calls) > 1 else 's'}"
+def _step(n: int, low: float, high: float, width: int) -> CostTable:
+    """r(1) = 1, r(k) = low for 2 <= k <= width + 1, high beyond: a pass that pays a fixed price for its second
+    token and little for the next ones, up to a tile's width."""
+    return CostTable([1.0] + [low if k <= width + 1 else high for k in range(2, n + 2)],
+                     f"1, then {low:g} up to {width + 1} tokens, {high:g} beyond")
 
 
-@speed.case("free verification (r = 1): alpha = 0.8, c = 0.1, gamma = 1, 4, 8", 2,
-            "Lesson 04b, section 3: the speed-up is expected tokens per round / cost of the round")
-def _speed_lesson(fn):
-    return _speedup_case(fn, [(0.8, 1, 0.1), (0.8, 4, 0.1), (0.8, 8, 0.1)])
-
-
-@speed.case("a free draft (c = 0): the speed-up is the expected tokens per round", 1,
-            "with c = 0 and r_verify = 1 a round costs one target pass")
-def _speed_free(fn):
-    return _speedup_case(fn, [(0.7, 3, 0.0), (0.5, 6, 0.0)])
-
-
-@speed.case("the verification cost r(gamma + 1) is used", 2,
-            "the round's target pass scores gamma + 1 tokens and costs r_verify = r(gamma + 1) one-token "
-            "steps (the docstring)")
-def _speed_verify(fn):
-    return _speedup_case(fn, [(0.8, 4, 0.1, 1.6), (0.6, 2, 0.3, 1.2), (0.9, 7, 0.05, 2.5)])
-
-
-@speed.case("a draft as costly as the target (c = 1) and a perfect one (alpha = 1): exactly 1", 1,
-            "alpha = 1 gives gamma + 1 tokens for gamma + 1 target-step costs")
-def _speed_no_gain(fn):
-    return _speedup_case(fn, [(1.0, 3, 1.0), (1.0, 6, 1.0)])
-
-
-@speed.case("r_verify defaults to 1.0 (memory-bound verification)", 1,
-            "keep the signature speedup(alpha, gamma, c, r_verify=1.0)")
-def _speed_default(fn):
-    return _speedup_case(fn, [(0.75, 5, 0.2)])
-
-
-@speed.case("agrees with a simulated decoding run (200000 rounds)", 1,
-            "simulate it: each round costs gamma * c + r_verify target steps and emits its tokens; plain "
-            "decoding costs one step per token")
-def _speed_simulated(fn):
-    rng = random.Random(811)
-    for i in range(3):
-        alpha, gamma = round(rng.uniform(0.4, 0.95), 3), rng.randint(1, 8)
-        c, v = round(rng.uniform(0.02, 0.4), 3), round(rng.uniform(1.0, 2.0), 3)
-        sim = simulate_rounds(alpha, gamma, 200_000, seed=812 + i)
-        cost = gamma * c + v
-        simulated = float(sim.sum()) / (len(sim) * cost)  # tokens / time, with plain decoding at 1 token per step
-        bound = hoeffding(gamma, 200_000) / cost
-        got = expect_number(f"speedup({alpha}, {gamma}, {c}, {v})", fn(alpha, gamma, c, v), simulated, rel=1.0)
-        if abs(got - simulated) > bound:
-            raise Mismatch(f"speedup({alpha}, {gamma}, {c}, {v}) within {bound:.4f} of the simulated "
-                           f"{simulated:.4f}", f"{got:.4f}", _speedup_hint(got, (alpha, gamma, c, v)))
-    return "3 settings agree with the simulation"
-
-
-# ---- best_gamma(alpha, c, r=None, gamma_max=24) ------------------------------------------------------------------
-
-best = Exercise("best_gamma", NOTEBOOK, "the gamma in 1..gamma_max with the largest speed-up (the smallest on a tie)")
-
-
-def _best_case(fn, alpha, c, r=None, gamma_max=24, label=None) -> int:
-    want = reference_best_gamma(alpha, c, r, gamma_max)
-    got = fn(alpha, c, r, gamma_max)
+def _best_case(fn, alphas, c, r=None, label=None) -> int:
+    want = reference_best_gamma(alphas, c, r)
+    got = fn(list(alphas), c, r)
     if isinstance(got, torch.Tensor) and got.numel() == 1:
         got = got.item()
-    what = label or f"best_gamma({alpha}, {c}, gamma_max={gamma_max})"
+    what = label or f"best_gamma({_fmt(alphas) if len(set(alphas)) > 1 else f'[{alphas[0]:g}] * {len(alphas)}'}, " \
+                    f"{c:g}{', ' + repr(r) if r else ''})"
     if isinstance(got, bool) or not isinstance(got, numbers.Integral):
         raise Mismatch(f"{what} as an int ({want} here)", f"{got!r}"[:60],
-                       "return the draft length gamma itself (an int), not its speed-up or a pair")
+                       "return the number of drafts gamma itself (an int), not its speed-up or a pair")
     got = int(got)
     if got != want:
-        rr = r or (lambda k: 1.0)
-        speeds = {g: reference_speedup(alpha, g, c, rr(g + 1)) for g in range(0, gamma_max + 2)}
-        if 1 <= got <= gamma_max and speeds[got] == speeds[want]:
-            hint = ("a tie: several gammas give the same speed-up; the smallest wins (max over range(1, "
-                    "gamma_max + 1) keeps the first)")
-        elif want == gamma_max and got == gamma_max - 1:
-            hint = ("gamma_max itself is a candidate: range(1, gamma_max + 1) (or an index into a list of "
-                    "speed-ups, one less than the gamma it stands for)")
-        elif got == want - 1:
-            hint = "off by one: an index into a list of speed-ups is not the gamma it stands for"
-        elif got == want + 1 and got <= gamma_max:
-            hint = "off by one: return the gamma whose speed-up is largest"
-        elif r is not None and got == reference_best_gamma(alpha, c, None, gamma_max):
-            hint = "r is ignored: the verification pass over gamma + 1 tokens costs r(gamma + 1)"
-        else:
-            hint = None
+        speeds = {g: reference_speedup(alphas[:g], c, r) for g in range(len(alphas) + 1)}
+        hints = []
+        if want == 0:
+            hints.append("no draft length is faster than plain decoding here (every speed-up is at most 1): "
+                         "gamma = 0, not speculating, is a candidate too")
+        if 0 <= got <= len(alphas) and speeds[got] == speeds[want]:
+            hints.append("a tie: several gammas are equally fast; the smallest wins")
+        if r is not None and got == reference_best_gamma(alphas, c, None):
+            hints.append("r is ignored: the verification pass over gamma + 1 tokens costs r(gamma + 1)")
+        if r is not None and got == max(range(len(alphas) + 1), key=lambda g: reference_expected_tokens(
+                alphas[:g]) / (g * c + (r(g) if g else 1.0))):
+            hints.append("the verification pass scores gamma + 1 tokens (the drafts and the one after them): it "
+                         "costs r(gamma + 1), not r(gamma)")
+        climbs = {next((g for g in range(start, len(alphas)) if speeds[g + 1] < speeds[g]), len(alphas))
+                  for start in (0, 1)}
+        if got in climbs:
+            hints.append("the search stopped at the first gamma whose successor is slower: the speed-up can fall "
+                         "and rise again (a verification cost with a step), so compare every gamma")
         raise Mismatch(f"{what} = {want} (speed-up {speeds[want]:.4f})",
-                       f"{got}" + (f" (speed-up {speeds[got]:.4f})" if got in speeds else ""), hint)
+                       f"{got}" + (f" (speed-up {speeds[got]:.4f})" if got in speeds else ""), pick_hint(hints))
     return got
 
 
-@best.case("Lesson 04b's table: five (alpha, c) settings, gamma up to 24", 2,
-           "Lesson 04b, section 3: try every gamma from 1 to gamma_max and keep the fastest")
+@best.case("Lesson 04b's table with a constant profile of 24 positions, and its last row", 2,
+           "Lesson 04b, section 3: try every gamma and keep the fastest; look at the speed-up the lesson printed for "
+           "alpha = 0.8, c = 1")
 def _best_lesson(fn):
-    got = [_best_case(fn, a, c) for a, c in ((0.9, 0.05), (0.7, 0.05), (0.5, 0.05), (0.8, 0.3), (0.8, 1.0))]
+    got = [_best_case(fn, [a] * 24, c) for a, c in ((0.9, 0.05), (0.7, 0.05), (0.5, 0.05), (0.8, 0.3), (0.8, 1.0))]
     return f"best gammas {got}"
 
 
-@best.case("ties go to the smallest gamma (alpha = 1, c = 1: every gamma gives exactly 1)", 1,
-           "the docstring: the smallest gamma among equally fast ones")
-def _best_tie(fn):
-    return f"{_best_case(fn, 1.0, 1.0, gamma_max=10)} (and {_best_case(fn, 0.0, 0.2, gamma_max=10)} for alpha = 0)"
+@best.case("when no draft length beats plain decoding, do not speculate (gamma = 0); ties go to the smallest", 2,
+           "a round with gamma drafts is worth it only if its speed-up exceeds 1, the speed-up of plain decoding")
+def _best_zero(fn):
+    got = [_best_case(fn, [a] * 8, c) for a, c in ((0.3, 0.4), (0.6, 0.7), (1.0, 1.0), (0.6, 0.2))]
+    return f"best gammas {got}"
 
 
-@best.case("a cheap, excellent draft: the best gamma is gamma_max itself", 1,
-           "gamma_max is included in the range searched")
-def _best_edge(fn):
-    return f"{_best_case(fn, 0.99, 0.001, gamma_max=12)} of 12"
+@best.case("a falling profile: stop where the next position no longer pays for itself", 2,
+           "the speed-up of each prefix of the profile: the later positions are accepted less often, so drafting "
+           "them can cost more than it brings")
+def _best_falling(fn):
+    profiles = ([0.9, 0.85, 0.5, 0.2, 0.1, 0.05], [0.95, 0.9, 0.85, 0.8, 0.3, 0.2, 0.1, 0.1], [0.6, 0.3, 0.1])
+    got = [_best_case(fn, list(p), c) for p, c in zip(profiles, (0.1, 0.05, 0.2))]
+    return f"best gammas {got}"
 
 
-@best.case("a verification pass that costs more with more tokens, r(k) = 1 + 0.15 (k - 1), shortens the draft", 2,
-           "the round's verification pass scores gamma + 1 tokens: it costs r(gamma + 1)")
+@best.case("verification costs that grow with the tokens: linear, and with a step", 1,
+           "r(gamma + 1) prices the verification pass; with a step in r the speed-up can fall, then rise again")
 def _best_r(fn):
-    def r(k):
-        return 1 + 0.15 * (k - 1)
-    got = [_best_case(fn, a, c, r, label=f"best_gamma({a}, {c}, r=1 + 0.15 (k - 1))")
-           for a, c in ((0.9, 0.05), (0.8, 0.02), (0.95, 0.1))]
-    free = [reference_best_gamma(a, c) for a, c in ((0.9, 0.05), (0.8, 0.02), (0.95, 0.1))]
-    return f"best gammas {got} (with free verification: {free})"
+    got = [_best_case(fn, [0.9] * 12, 0.05, _linear(0.15, 12)), _best_case(fn, [0.8] * 12, 0.02, _linear(0.05, 12)),
+           _best_case(fn, [0.85] * 10, 0.05, _step(10, 1.6, 3.0, 6)), _best_case(fn, [0.9] * 10, 0.05, _step(10, 2.0, 3.5, 6))]
+    return f"best gammas {got}"
 
 
-@best.case("30 random settings agree with the reference", 1, "compare speedup(alpha, g, c, r(g + 1)) for every g")
+@best.case("30 random settings agree with the reference", 1, "compare the speed-up of every prefix, gamma = 0 included")
 def _best_random(fn):
     rng = random.Random(821)
     done = 0
     while done < 30:
-        a, c, gmax = rng.uniform(0.2, 0.98), rng.uniform(0.005, 0.5), rng.randint(2, 20)
-        slope = rng.choice([0.0, 0.05, 0.3])
-        r = None if slope == 0 else (lambda k, s=slope: 1 + s * (k - 1))
-        rr = r or (lambda k: 1.0)
-        s = sorted(reference_speedup(a, g, c, rr(g + 1)) for g in range(1, gmax + 1))
+        n = rng.randint(1, 12)
+        start = rng.uniform(0.3, 0.99)
+        alphas = [round(max(0.0, start - rng.uniform(0, 0.12) * k), 3) for k in range(n)]
+        c = round(rng.uniform(0.005, 0.6), 3)
+        r = rng.choice([None, _linear(rng.choice([0.05, 0.3]), n), _step(n, 1.4, 2.2, rng.randint(1, n))])
+        s = sorted(reference_speedup(alphas[:g], c, r) for g in range(n + 1))
         if len(s) > 1 and s[-1] - s[-2] < 1e-9 * s[-1]:
             continue  # a near-tie: rounding could decide it either way
-        _best_case(fn, a, c, r, gmax, label=f"best_gamma({a:.3f}, {c:.3f}, r slope {slope}, gamma_max={gmax})")
+        _best_case(fn, alphas, c, r, label=f"best_gamma({_fmt(alphas)}, {c:g}{', ' + repr(r) if r else ''})")
         done += 1
     return "30 settings agree"
+
+
+# ---- break_even_alpha(c, r=None, gamma_max=8) ---------------------------------------------------------------------
+
+breakeven = Exercise("break_even_alpha", NOTEBOOK, "the smallest constant alpha at which some gamma in 1..gamma_max "
+                     "is as fast as plain decoding; None if no alpha <= 1 is")
+
+TOLERANCE = 1e-6
+
+
+def _be_hint(got, c, r, gamma_max) -> str | None:
+    hints = []
+    r1 = r or (lambda k: 1.0)
+    if isinstance(got, numbers.Real) and not isinstance(got, bool):
+        got = float(got)
+        if math.isclose(got, c, abs_tol=TOLERANCE) and r is not None:
+            hints.append("c is the answer when verification is free (r = 1); here a pass over more tokens costs more")
+        gamma1 = c + r1(2) - 1
+        if math.isclose(got, gamma1, abs_tol=TOLERANCE):
+            hints.append("this is the break-even of gamma = 1; a longer draft can break even at a lower alpha when "
+                         "r has a step (its extra tokens cost little): take the smallest over gamma = 1..gamma_max")
+        shifted = [_root(g, g * c + (r1(g) if g > 1 else 1.0) - 1) for g in range(1, gamma_max + 1)]
+        shifted = [x for x in shifted if x is not None]
+        if shifted and math.isclose(got, min(shifted), abs_tol=TOLERANCE):
+            hints.append("the verification pass scores gamma + 1 tokens: it costs r(gamma + 1), not r(gamma)")
+        if 0 < abs(got - (reference_break_even_alpha(c, r, gamma_max) or 2.0)) < 1e-2:
+            hints.append("close, but not within 1e-6: iterate longer (a bisection halves the interval each step)")
+    return pick_hint(hints)
+
+
+def _be_case(fn, c, r=None, gamma_max=8) -> str:
+    want = reference_break_even_alpha(c, r, gamma_max)
+    got = fn(c, r, gamma_max)
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    what = f"break_even_alpha({c:g}{', ' + repr(r) if r else ''}, gamma_max={gamma_max})"
+    if want is None:
+        if got is not None:
+            raise Mismatch(f"{what} = None: no alpha <= 1 makes a round as fast as plain decoding",
+                           f"{got!r}"[:60], "check whether even alpha = 1 pays before searching; return None if not")
+        return f"{what} = None"
+    if got is None:
+        raise Mismatch(f"{what} = {want:.6f}", "None", "some gamma breaks even below alpha = 1 here")
+    if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(float(got)):
+        raise Mismatch(f"{what} as a number ({want:.6f})", f"{got!r}"[:60])
+    if abs(float(got) - want) > TOLERANCE:
+        raise Mismatch(f"{what} = {want:.6f} (within {TOLERANCE:g})", f"{float(got):.6f}", _be_hint(got, c, r,
+                                                                                                      gamma_max))
+    return f"{what} = {float(got):.6f}"
+
+
+@breakeven.case("free verification (r = 1): three draft costs", 2,
+                "write 'speed-up >= 1' as an inequality in alpha for one gamma; which gamma satisfies it first?")
+def _be_free(fn):
+    return "; ".join(_be_case(fn, c) for c in (0.05, 0.25, 0.6))
+
+
+@breakeven.case("a verification cost that grows linearly with the tokens", 1,
+                "the round's verification pass over gamma + 1 tokens costs r(gamma + 1)")
+def _be_linear(fn):
+    return "; ".join(_be_case(fn, c, _linear(s, 8)) for c, s in ((0.1, 0.1), (0.05, 0.3)))
+
+
+@breakeven.case("a step in r (the second token is dear, the next ones cheap): a longer draft breaks even first", 2,
+                "compare the break-even of every gamma in 1..gamma_max, not only gamma = 1")
+def _be_step(fn):
+    return "; ".join(_be_case(fn, c, _step(8, low, 3.0, 5)) for c, low in ((0.05, 1.5), (0.1, 1.4)))
+
+
+@breakeven.case("when nothing pays (a draft dearer than the target, or no parallel verification): None", 1,
+                "even alpha = 1 must make some gamma at least as fast as plain decoding, else there is no break-even")
+def _be_none(fn):
+    serial = CostTable([float(k) for k in range(1, 10)], "k (no parallel verification)")
+    return "; ".join([_be_case(fn, 1.5), _be_case(fn, 0.3, serial), _be_case(fn, 0.2)])
+
+
+@breakeven.case("20 random settings agree with the reference (within 1e-6)", 1,
+                "the speed-up of each gamma grows with alpha: search alpha in [0, 1] (bisection) for each gamma")
+def _be_random(fn):
+    rng = random.Random(831)
+    for _ in range(20):
+        gmax = rng.randint(1, 10)
+        c = round(rng.uniform(0.01, 0.7), 3)
+        r = rng.choice([None, _linear(rng.choice([0.05, 0.2]), gmax), _step(gmax, rng.uniform(1.1, 1.6), 2.5,
+                                                                            rng.randint(1, gmax))])
+        _be_case(fn, c, r, gmax)
+    return "20 settings agree"
