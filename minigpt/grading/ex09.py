@@ -1,21 +1,31 @@
-"""Checks for exercise 09: lookahead decoding's attention mask -- the 2-D Jacobi window, and the one mask of a
-round that scores the candidates' tree and the window in the same target pass.
+"""Checks for exercise 09: lookahead decoding's attention mask -- the 2-D Jacobi window seen as a token tree,
+its mask (also when the end of the context cuts the window), and the one mask of a round that scores the
+candidates' tree and the window in the same target pass.
 
-Both masks are checked against the library on edge cases (one row: plain Jacobi; one column; a chain; a bushy
-tree; no window) and on random sizes, and functionally: fed to a small random GPT after a cached prefix, they
-must give every guess of the window the logits of its own context run alone, and every candidate the logits of
-its root-to-node path alone. References: :func:`~minigpt.decoding.lookahead.window_mask`,
-:func:`~minigpt.decoding.lookahead.window_depths`, :meth:`~minigpt.decoding.candidates.Proposal.attention_mask`.
+* ``window_parents(rows, window)``: the window is a tree hanging from the root; node (r, k) (index r * window + k,
+  depth 1 + r + k) has as parent the node one position before it on the trajectory that produced it: (0, k - 1)
+  in row 0, (r - 1, k) below it, the root (-1) for (0, 0);
+* ``lookahead_mask(rows, window, max_depth=None)``: the window's mask (a node sees its ancestors and itself), over
+  the nodes at depth <= max_depth only when it is given (the library cuts the window there at the end of the
+  context), numbered in row-major order among those kept;
+* ``proposal_mask(parents, extra_mask)``: the round's mask, the candidates' tree beside the window.
+
+The masks are checked against the library on edge cases and random sizes, and functionally: fed to a small
+random GPT after a cached prefix, they must give every guess of the window the logits of its own context run
+alone, and every candidate the logits of its root-to-node path alone. References:
+:func:`~minigpt.decoding.lookahead.window_mask`, :func:`~minigpt.decoding.lookahead.window_depths`,
+:meth:`~minigpt.decoding.lookahead.Lookahead.propose` (the cut) and
+:meth:`~minigpt.decoding.candidates.Proposal.attention_mask`.
 """
 from __future__ import annotations
 
 import torch
 
 from ..cache import KVCache
-from ..decoding.candidates import Proposal
+from ..decoding.candidates import Proposal, tree_attention_mask
 from ..decoding.lookahead import window_depths, window_mask
 from ..model import GPT, GPTConfig
-from .core import Exercise, Mismatch
+from .core import Exercise, Mismatch, expect_token_list
 from .ex04 import random_parents
 from .helpers import call_unchanged, pick_hint
 
@@ -49,14 +59,107 @@ def _nodes(row: torch.Tensor, window: int) -> str:
     return "[" + ", ".join(_node(j, window) for j in row.nonzero().flatten().tolist()) + "]"
 
 
-# ---- lookahead_mask(rows, window) -> (rows * window, rows * window) bool -------------------------------------
+# ---- window_parents(rows, window) -> list of rows * window ints ---------------------------------------------------
 
-windows = Exercise("lookahead_mask", NOTEBOOK, "node (r, k) sees row 0 up to column k and column k of rows 1..r")
+trees = Exercise("window_parents", NOTEBOOK, "the window as a token tree: each guess's parent is the node one "
+                 "position before it on its trajectory (-1: the root)")
 
 
-def _call_window(fn, rows: int, window: int, strict_types: bool = False) -> torch.Tensor:
+def reference_parents(rows: int, window: int) -> list[int]:
+    """Node (r, k)'s parent: (0, k - 1) in row 0, (r - 1, k) below it, -1 (the root) for (0, 0)."""
+    return [(k - 1 if k else -1) if r == 0 else (r - 1) * window + k for r in range(rows) for k in range(window)]
+
+
+def _parents_hint(got: list, rows: int, window: int) -> str | None:
     n = rows * window
-    return _as_bool_mask(fn(rows, window), (n, n), f"the mask of a {rows} x {window} window", strict_types)
+    known = [
+        ([i - 1 for i in range(n)], "a chain through the flattened window makes every guess read whole earlier rows: "
+                                    "which node holds the token one position before (r, k) in *its* context?"),
+        ([(r - 1) * window + k if r else -1 for r in range(rows) for k in range(window)],
+         "row 0 is itself a trajectory: (0, k) continues (0, k - 1), not the root"),
+        ([(r - 1) * window + k - 1 if r and k else (k - 1 if not r else -1) for r in range(rows) for k in range(window)],
+         "the diagonal is how n-grams are read off the trajectories; the parent is the node whose token comes "
+         "right before this one in its own context, one position (one depth) earlier"),
+        ([(k - 1 if k else -1) * rows if r == 0 else (r - 1) + k * rows for r in range(rows) for k in range(window)],
+         "node (r, k) is index r * window + k (row-major), for the nodes and for the parents"),
+    ]
+    return pick_hint([h for ref, h in known if got == ref and ref != reference_parents(rows, window)])
+
+
+def _parents_case(fn, rows: int, window: int) -> list[int]:
+    want = reference_parents(rows, window)
+    got = expect_token_list(f"window_parents({rows}, {window})", fn(rows, window))
+    if len(got) != rows * window:
+        raise Mismatch(f"{rows * window} parents (one per guess of a {rows} x {window} window)", f"{len(got)}",
+                       "one entry per node (r, k), in row-major order")
+    if got != want:
+        bad = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+        name = lambda j: "the root" if j == -1 else f"node {_node(j, window)}"  # noqa: E731
+        raise Mismatch(f"the parent of node {_node(bad, window)} in a {rows} x {window} window = {name(want[bad])}",
+                       f"{name(got[bad]) if -1 <= got[bad] < rows * window else got[bad]}",
+                       _parents_hint(got, rows, window))
+    return got
+
+
+@trees.case("one row (plain Jacobi): the window is a chain", 1,
+            "with one row, which guess comes right before guess k in the text it continues?")
+def _parents_jacobi(fn):
+    _parents_case(fn, 1, 1)
+    return f"1 x 4: {_parents_case(fn, 1, 4)}; 1 x 1 right"
+
+
+@trees.case("one column: a chain down the column", 1, "with one column, which node is one position before (r, 0)?")
+def _parents_column(fn):
+    return f"3 x 1: {_parents_case(fn, 3, 1)}"
+
+
+@trees.case("the 3 x 4 window: every guess one position after its parent", 2,
+            "a guess at depth d is scored after one token at each depth 1 .. d - 1: its parent is the one at d - 1, "
+            "on the same trajectory")
+def _parents_example(fn):
+    return f"3 x 4: {_parents_case(fn, 3, 4)}"
+
+
+@trees.case("20 random sizes agree with the reference, and the tree's mask is the window's", 2,
+            "ancestors and itself: the tree mask of exercise 04 over your parents must give each guess one node at "
+            "each depth 1 .. its own")
+def _parents_random(fn):
+    g = torch.Generator().manual_seed(905)
+    for _ in range(20):
+        rows, window = (int(torch.randint(1, m + 1, (1,), generator=g)) for m in (5, 8))
+        got = _parents_case(fn, rows, window)
+        assert torch.equal(tree_attention_mask([-1] + [p + 1 for p in got])[1:, 1:], window_mask(rows, window))
+    return "20 random windows right; the tree mask of each is the library's window mask"
+
+
+# ---- lookahead_mask(rows, window, max_depth=None) -> (E, E) bool --------------------------------------------------
+
+windows = Exercise("lookahead_mask", NOTEBOOK, "each guess sees its ancestors in the window's tree and itself; with "
+                   "max_depth, only the nodes at depth <= max_depth, in row-major order")
+
+
+def _kept(rows: int, window: int, max_depth: int | None) -> list[int]:
+    return [i for i, d in enumerate(window_depths(rows, window)) if max_depth is None or d <= max_depth]
+
+
+def reference_window(rows: int, window: int, max_depth: int | None = None) -> torch.Tensor:
+    keep = _kept(rows, window, max_depth)
+    return window_mask(rows, window)[keep][:, keep]
+
+
+def _call_window(fn, rows: int, window: int, strict_types: bool = False, max_depth: int | None = None):
+    n = len(_kept(rows, window, max_depth))
+    got = fn(rows, window) if max_depth is None else fn(rows, window, max_depth)
+    what = f"the mask of a {rows} x {window} window" + (f" cut at depth {max_depth}" if max_depth else "")
+    try:
+        return _as_bool_mask(got, (n, n), what, strict_types)
+    except Mismatch as m:
+        size = tuple(got.shape) if isinstance(got, torch.Tensor) else None
+        if max_depth is not None and size == (rows * window,) * 2 and n != rows * window:
+            m.hint = "max_depth is ignored: keep only the nodes whose depth 1 + r + k is at most max_depth"
+        elif max_depth is not None and size == (len(_kept(rows, window, max_depth - 1)),) * 2:
+            m.hint = "off by one: a node at depth exactly max_depth still fits"
+        raise
 
 
 def _window_hint(mask: torch.Tensor, rows: int, window: int) -> str | None:
@@ -76,13 +179,11 @@ def _window_hint(mask: torch.Tensor, rows: int, window: int) -> str | None:
             long_row0[i, col[1:]] = True
     known = [
         (torch.ones(n, n, dtype=torch.bool).tril(),
-         "a causal mask over the flattened window lets a guess see whole earlier rows: node (r, k) needs one token "
-         "at each depth 1 .. 1 + r + k -- row 0 up to column k, then column k of rows 1 .. r"),
-        (column_only, "row 0's earlier columns are missing: the guesses at depths 1 .. k sit in row 0 "
-                      "(columns 0 .. k - 1), and node (r, k) needs them as much as its own column"),
-        (short_row0, "row 0 stops one column short: node (r, k) sees row 0 up to *and including* column k "
-                     "(mask[i, :k + 1], not mask[i, :k])"),
-        (long_row0, "row 0 goes one column too far: column k + 1 of row 0 sits at the same depth as (1, k)"),
+         "a causal mask over the flattened window lets a guess see whole earlier rows, several tokens at one depth: "
+         "a guess must see exactly its ancestors in the window's tree (window_parents) and itself"),
+        (column_only, "some ancestors are missing: follow the parents up to the root, through row 0 as well"),
+        (short_row0, "one ancestor is missing in row 0: follow the parents all the way up"),
+        (long_row0, "one node of row 0 too many: it sits at the same depth as one of the guess's ancestors"),
         (ref[col_major][:, col_major], "the nodes are numbered column by column: node (r, k) is index "
                                        "r * window + k (row-major), not k * rows + r"),
         (window_mask(window, rows) if rows != window else ref,
@@ -94,13 +195,27 @@ def _window_hint(mask: torch.Tensor, rows: int, window: int) -> str | None:
     return pick_hint([h for m, h in known if torch.equal(mask, m) and not torch.equal(m, ref)])
 
 
-def _compare_window(fn, rows: int, window: int) -> None:
-    mask, ref = _call_window(fn, rows, window), window_mask(rows, window)
+def _compare_window(fn, rows: int, window: int, max_depth: int | None = None) -> None:
+    mask, ref = _call_window(fn, rows, window, max_depth=max_depth), reference_window(rows, window, max_depth)
     if not torch.equal(mask, ref):
+        keep = _kept(rows, window, max_depth)
         bad = int((mask != ref).any(1).nonzero()[0])
-        raise Mismatch(f"row {bad} of the {rows} x {window} window's mask (node {_node(bad, window)}) to allow "
-                       f"nodes {_nodes(ref[bad], window)}", f"nodes {_nodes(mask[bad], window)}",
-                       _window_hint(mask, rows, window))
+        label = lambda row: "[" + ", ".join(_node(keep[j], window) for j in row.nonzero().flatten().tolist()) + "]"  # noqa: E731
+        cut = f" cut at depth {max_depth}" if max_depth else ""
+        raise Mismatch(f"row {bad} of the {rows} x {window} window's mask{cut} (node {_node(keep[bad], window)}) "
+                       f"to allow nodes {label(ref[bad])}", f"nodes {label(mask[bad])}",
+                       _window_hint(mask, rows, window) if max_depth is None else _cut_hint(mask, rows, window,
+                                                                                             max_depth))
+
+
+def _cut_hint(mask: torch.Tensor, rows: int, window: int, max_depth: int) -> str | None:
+    n = mask.shape[0]
+    full = window_mask(rows, window)
+    known = [(full[:n, :n], "the first nodes by index are not the nodes that fit: keep the nodes whose depth "
+                            "1 + r + k is at most max_depth, whatever their index"),
+             (reference_window(rows, window, max_depth - 1) if n == len(_kept(rows, window, max_depth - 1)) else None,
+              "off by one: a node at depth exactly max_depth still fits")]
+    return pick_hint([h for m, h in known if m is not None and m.shape == mask.shape and torch.equal(mask, m)])
 
 
 @windows.case("returns a bool (rows * window, rows * window) tensor", 1,
@@ -111,33 +226,30 @@ def _window_types(fn):
     return "bool masks of shape (6, 6) and (12, 12)"
 
 
-@windows.case("one row (plain Jacobi, ngram = 2): guess k sees guesses 0 .. k", 2,
-              "with one row there is only row 0: guess k sees columns 0 .. k of it, itself included (a causal "
-              "triangle)")
+@windows.case("one row (plain Jacobi, ngram = 2)", 1,
+              "with one row the window is a chain: what does each guess see of it?")
 def _window_jacobi(fn):
     for window in (4, 7, 1):
         _compare_window(fn, 1, window)
     return "1 x 4, 1 x 7 and 1 x 1 right"
 
 
-@windows.case("one column (window = 1): row r sees rows 0 .. r of it", 1,
-              "with one column, node (r, 0) sees (0, 0) and column 0 of rows 1 .. r, itself included")
+@windows.case("one column (window = 1)", 1, "with one column the window is a chain down the column")
 def _window_one_column(fn):
     for rows in (2, 5):
         _compare_window(fn, rows, 1)
     return "2 x 1 and 5 x 1 right"
 
 
-@windows.case("the 3 x 4 window drawn above: node (2, 1) sees (0, 0), (0, 1), (1, 1), (2, 1)", 2,
-              "node (r, k) sees row 0 up to column k, then column k of rows 1 .. r")
+@windows.case("the 3 x 4 window drawn in section 1", 2,
+              "each guess sees its ancestors in the window's tree and itself (exercise 04's tree mask)")
 def _window_example(fn):
     _compare_window(fn, 3, 4)
     return "every row of the 3 x 4 window right"
 
 
-@windows.case("every guess sees exactly one token at each depth 1 .. its own (node (r, k) is at 1 + r + k)", 2,
-              "a guess at depth d must see a complete context: one node at each depth 1, 2, .., d (itself last); "
-              "row 0 holds depths 1 .. window, column k holds depths 1 + k .. rows + k")
+@windows.case("every guess sees exactly one token at each depth 1 .. its own (node (r, k) is at 1 + r + k)", 1,
+              "a guess at depth d must see a complete context: one node at each depth 1, 2, .., d (itself last)")
 def _window_depths(fn):
     for rows, window in ((2, 5), (4, 3), (3, 6)):
         mask, depth = _call_window(fn, rows, window), window_depths(rows, window)
@@ -150,14 +262,33 @@ def _window_depths(fn):
     return "complete contexts in 2 x 5, 4 x 3 and 3 x 6 windows"
 
 
-@windows.case("20 random sizes (1 to 5 rows, 1 to 8 columns) agree with the reference", 2,
-              "node (r, k) is index r * window + k; it sees (0, j) for j <= k and (s, k) for 1 <= s <= r")
+@windows.case("20 random sizes (1 to 5 rows, 1 to 8 columns) agree with the reference", 1,
+              "node (r, k) is index r * window + k; it sees its ancestors in the window's tree and itself")
 def _window_random(fn):
     g = torch.Generator().manual_seed(901)
     for _ in range(20):
         rows, window = (int(torch.randint(1, m + 1, (1,), generator=g)) for m in (5, 8))
         _compare_window(fn, rows, window)
     return "20 random windows right"
+
+
+@windows.case("the window cut at the end of the context: only the nodes at depth <= max_depth", 2,
+              "which nodes fit, and does each of them keep its whole context? number the kept nodes in row-major "
+              "order")
+def _window_cut(fn):
+    for rows, window, depth in ((3, 4, 4), (2, 5, 3), (3, 3, 1)):
+        _compare_window(fn, rows, window, depth)
+    return "3 x 4 cut at 4, 2 x 5 at 3, 3 x 3 at 1 right"
+
+
+@windows.case("20 random cut windows agree with the reference (max_depth beyond the window: nothing cut)", 1,
+              "keep the nodes whose depth 1 + r + k fits; a max_depth larger than every depth keeps them all")
+def _window_cut_random(fn):
+    g = torch.Generator().manual_seed(906)
+    for _ in range(20):
+        rows, window = (int(torch.randint(1, m + 1, (1,), generator=g)) for m in (4, 6))
+        _compare_window(fn, rows, window, int(torch.randint(1, rows + window + 2, (1,), generator=g)))
+    return "20 random cut windows right"
 
 
 _MODEL: dict = {}
@@ -225,8 +356,8 @@ def _window_functional(fn):
 
 # ---- proposal_mask(parents, extra_mask) -> (N + E, N + E) bool ---------------------------------------------------
 
-rounds = Exercise("proposal_mask", NOTEBOOK, "the candidates' tree mask top-left, the window's mask bottom-right, "
-                  "every window node also on the root; nothing between candidates and window")
+rounds = Exercise("proposal_mask", NOTEBOOK, "candidates scored as their paths alone, guesses as their contexts "
+                  "(the root, then what extra_mask allows)")
 
 
 def _reference_round(parents, extra_mask: torch.Tensor) -> torch.Tensor:
@@ -325,14 +456,15 @@ def _round_root_only(fn):
 
 
 @rounds.case("a chain of candidates beside a window", 2,
-             "the window's first column is the root's (column 0) only; candidates and window never see each other")
+             "a candidate's logits are the target's verdict on its path: what may it read? and a guess?")
 def _round_chain(fn):
     _compare_round(fn, [-1, 0, 1, 2], window_mask(3, 2))
     return "chain of 4 + 3 x 2 window right"
 
 
 @rounds.case("a bushy tree beside a window", 2,
-             "top-left: the tree mask (ancestors and itself); bottom-right: extra_mask; the window's column 0 True")
+             "siblings are alternative futures: a candidate reads its path only, a guess the text up to the root "
+             "and its own context")
 def _round_bushy(fn):
     _compare_round(fn, [-1, 0, 0, 0, 1, 1, 2, 3], window_mask(2, 4))
     return "8-node tree + 2 x 4 window right"
