@@ -212,3 +212,20 @@ def test_cli_smollm2_without_the_file_is_one_line(monkeypatch, tmp_path, capsys)
     assert bench.main(["--model", "smollm2", "--quick"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "error:" in err[-1] and "python -m minigpt.real.smollm fetch" in err[-1]
+
+
+def test_cli_smollm2_skips_a_method_whose_drafter_is_missing_in_one_line(monkeypatch, capsys):
+    """``--model smollm2`` on stand-in models with no trained drafter: the methods that need one are skipped in one
+    line naming the training commands; the others race with SmolLM2's defaults (prompt lookup copies 16)."""
+    from minigpt.bench import smollm2
+    target = random_model(0)
+    monkeypatch.setattr(smollm2, "smollm2_models", lambda *a, **k: bench.Models(target, family="smollm2"))
+    monkeypatch.setattr(smollm2, "real_prompts", lambda **k: small_prompts(2))
+    assert bench.main(["--model", "smollm2", "--quick", "--methods", "plain,chain,medusa,prompt_lookup",
+                       "--max-new-tokens", "6", "--repeats", "1"]) == 0
+    out = capsys.readouterr()
+    skip = [line for line in out.err.splitlines() if line.startswith("skipping")]
+    assert skip == ["skipping chain, medusa: no trained drafter for SmolLM2 is installed "
+                    "(python -m minigpt.real train-draft / train-medusa)"]
+    assert "benchmarking plain, prompt_lookup on SmolLM2" in out.err
+    assert [line.split()[0] for line in out.out.splitlines()[2:4]] == ["plain", "prompt_lookup"]

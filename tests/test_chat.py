@@ -3,7 +3,6 @@ the REPL, and the command's one-line errors -- on tiny random models with a byte
 from __future__ import annotations
 
 import pytest
-import torch
 
 from conftest import perturbed_copy, random_model
 from minigpt.real import chat

@@ -75,6 +75,24 @@ def test_the_course_model_draft_reuses_its_cache_and_proposes_what_a_fresh_one_w
     assert kept.passes < sum(len(ids) for ids in calls)   # the cache was reused: fewer than re-reading everything
 
 
+def test_a_course_draft_is_any_token_only_chain_proposer():
+    """CourseDraft runs a declared method's proposer in llama.cpp's protocol: the self-speculation chain works like
+    the draft model's; a proposer that reads the target's hidden states, or proposes a tree, is refused in one line."""
+    from minigpt.decoding import METHODS, Models
+    from minigpt.eagle_head import EagleHead
+    from minigpt.engines import CourseDraft
+    target = random_model(4)
+    models = Models(target, eagle_head=EagleHead(target), early_exit_layers=1)
+    ids = np.array([5, 6, 7, 5, 6, 7, 5, 6], dtype=np.intc)
+    early = CourseDraft(METHODS["self_spec"].make(models, gamma=3))
+    assert len(early(ids)) == 3 and early.passes == 3
+    with pytest.raises(ValueError, match="hidden states, which llama.cpp's draft protocol does not pass"):
+        CourseDraft(METHODS["eagle"].make(models))
+    from minigpt.decoding import LookupTree
+    with pytest.raises(ValueError, match="proposed a tree; llama.cpp verifies one chain"):
+        CourseDraft(LookupTree(2, 2, max_matches=3))(np.array([1, 2, 3, 1, 2, 4, 1, 2], dtype=np.intc))
+
+
 # ---- llama.cpp itself (the [engines] extra and SmolLM2's GGUF) ----
 
 def _gguf():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import first_two_joint, perturbed_copy, random_model
+from test_session import _replacement_from_p  # the biased rule the toy's sampled test must catch
 from minigpt.bench import run_bench
 from minigpt.bench.batch import run_batch_bench
 from minigpt.decoding import (METHODS, Models, Proposal, Proposer, Settings, decode, decode_batch, declare,
@@ -15,7 +16,6 @@ from minigpt.eagle_head import EagleHead
 from minigpt.exactness import tv_bound, tv_distance
 from minigpt.medusa_heads import MedusaHeads
 from minigpt.real import chat
-from minigpt.sampling import sample
 
 
 class RepeatLast(Proposer):
@@ -68,16 +68,6 @@ def test_a_method_declared_once_is_raced_batched_offered_by_the_chat_and_greedy_
         assert toy.run(models, p, 16)[0] == generate(target, p, 16), p
     assert decode_batch(target, many, 16, toy.make(models))[0] == [generate(target, p, 16) for p in many]
     assert solo == [toy.run(models, p, 12)[0] for p in prompts]
-
-
-def _replacement_from_p(sampling, generator):
-    """A biased rule: on rejection it resamples from p instead of the residual."""
-    def rule(proposal, logits):
-        p = sampling.probs(logits)
-        if len(proposal.tokens) > 1 and float(torch.rand((), generator=generator)) < float(p[0, proposal.tokens[1]]):
-            return [1], sample(p[1], generator)
-        return [], sample(p[0], generator)
-    return rule
 
 
 def batched_pairs(target, proposer, prompt, n, rule=None, per_batch=250) -> torch.Tensor:

@@ -338,10 +338,10 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("question", nargs="?", help="same as --prompt")
     c.add_argument("--prompt", default=None, help="answer this one message and exit")
     offered = smollm2_methods()   # every declared method SmolLM2 has the drafters for
-    c.add_argument("--speculate", choices=offered + [a for a, name in ALIASES.items() if name in offered],
-                   default=DEFAULT, metavar="METHOD",
+    c.add_argument("--speculate", nargs="?", const="", default=DEFAULT, metavar="METHOD",
                    help=f"how answers are drafted (default {DEFAULT}): {', '.join(offered)} -- every method whose "
-                        f"drafter for SmolLM2 is installed ({', '.join(f'{a} = {n}' for a, n in ALIASES.items())})")
+                        f"drafter for SmolLM2 is installed ({', '.join(f'{a} = {n}' for a, n in ALIASES.items())}); "
+                        f"--speculate alone lists them")
     c.add_argument("--max-new-tokens", type=int, default=256)
     c.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     c.add_argument("--seed", type=int, default=None, help="for sampling")
@@ -369,7 +369,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_chat(args) -> None:
-    """``python -m minigpt.real.smollm chat``: load SmolLM2 and the drafter asked for, then one answer or the REPL."""
+    """``python -m minigpt.real.smollm chat``: load SmolLM2 and the drafter asked for, then one answer or the REPL
+    (``--speculate`` without a method: the methods on offer, one line each)."""
+    offered = smollm2_methods()
+    if args.speculate == "":
+        for name in offered:
+            print(f"{name:<24}{METHODS[name].description}")
+        return
+    if ALIASES.get(args.speculate, args.speculate) not in offered:
+        raise ValueError(f"--speculate {args.speculate!r} is not on offer; choose one of {', '.join(offered)} "
+                         f"(a method not listed needs a drafter for SmolLM2 that is not installed)")
     if (args.max_new_tokens < 1 or args.temperature < 0 or args.threads < 0
             or (args.gamma is not None and args.gamma < 1)):
         raise ValueError("--max-new-tokens and --gamma must be positive, --temperature and --threads at least 0")
