@@ -29,7 +29,7 @@ machine it ran on).
 ``--release-folder DIR`` copies the course as learners get it into DIR: every file git tracks (every file, outside
 a git checkout) except ``solutions/``, the tests (which read the solutions) and CI files, with ``exercises/``
 generated afresh from ``solutions/``. It refuses a DIR that exists and is not empty, and checks what it wrote: no
-``solutions/`` folder, no notebook with a solution marker or a solution region's code.
+``solutions/`` folder, no exercise notebook with a solution marker or a line of a solution region.
 """
 from __future__ import annotations
 
@@ -217,11 +217,12 @@ def solution_lines(solutions: Path) -> set[str]:
 
 
 def release_problems(folder: Path, solutions: Path) -> list[str]:
-    """What makes ``folder`` unfit to give learners: a solutions folder, a notebook with a solution marker or a
-    line of a solution region."""
-    problems = [f"{folder / 'solutions'} exists"] if (folder / "solutions").exists() else []
+    """What makes ``folder`` unfit to give learners: a ``solutions`` folder anywhere, or an exercise notebook
+    (``exercises/*.ipynb``) with a solution marker or a line of a solution region. (Lessons are not searched
+    for solution lines: they teach the same algorithms, in the library's words.)"""
+    problems = [f"{path} exists" for path in sorted(folder.rglob("solutions")) if path.is_dir()]
     secret = solution_lines(solutions)
-    for path in sorted(folder.rglob("*.ipynb")):
+    for path in sorted((folder / "exercises").glob("*.ipynb")):
         text = path.read_text(encoding="utf-8")
         if "### BEGIN SOLUTION" in text or "### END SOLUTION" in text:
             problems.append(f"{path} holds a solution marker")
