@@ -233,6 +233,18 @@ def test_an_error_inside_a_library_call_points_at_the_learners_line():
     assert case.status == "error" and "torch.cat([k_cache, k_new], 3)" in case.hint, case.hint
 
 
+OWN = [n for n, e in EXERCISES.items() if e.notebook[:4] in {f"ex0{i}" for i in range(1, 10)}]  # exercises 01-09
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_a_function_that_ignores_its_inputs_earns_nothing(name):
+    # constants are the stubs of the issue's attack; a side case (inputs left unchanged, an empty answer for an
+    # empty input) counts only when a case that computes something passed
+    for constant in (1.0, 0, None, []):
+        result = check(name, lambda *a, _c=constant, **k: _c, verbose=False)
+        assert result.points == 0, (constant, [c.name for c in result.cases if c.passed])
+
+
 # ---- the attacks, in a real kernel ---------------------------------------------------------------------------------
 
 PATCHES = """

@@ -46,6 +46,7 @@ class Case:
     points: int
     run: Callable  # run(fn) -> str describing what was received; raises Mismatch on a wrong answer
     hint: str = ""
+    side: bool = False  # checks what a function that ignores its inputs also does (leaves them unchanged, ...)
 
 
 @dataclass
@@ -128,10 +129,12 @@ class Exercise:
     def max_points(self) -> int:
         return sum(c.points for c in self.cases)
 
-    def case(self, name: str, points: int = 1, hint: str = ""):
-        """Decorator: register ``run(fn) -> str`` as a case of this exercise."""
+    def case(self, name: str, points: int = 1, hint: str = "", side: bool = False):
+        """Decorator: register ``run(fn) -> str`` as a case of this exercise. ``side=True`` for a case that a
+        function ignoring its inputs passes too (it leaves them unchanged; an edge case whose answer is empty):
+        it counts only when another case of the exercise passed."""
         def register(run: Callable) -> Callable:
-            self.cases.append(Case(name, points, run, hint))
+            self.cases.append(Case(name, points, run, hint, side))
             return run
         return register
 
@@ -179,9 +182,17 @@ def run_case(case: Case, fn: Callable) -> CaseResult:
 
 
 def run_exercise(exercise: str, fn: Callable) -> Result:
-    """Every case of ``exercise`` against ``fn`` (see :func:`run_case`); prints nothing, records nothing."""
+    """Every case of ``exercise`` against ``fn`` (see :func:`run_case`); prints nothing, records nothing. A side
+    case (see :meth:`Exercise.case`) that passed counts only if a case that is not one passed too, so a function
+    returning a constant earns nothing for leaving its inputs alone."""
     ex = EXERCISES[exercise]
     results = [run_case(case, fn) for case in ex.cases]
+    if not any(r.passed for r, c in zip(results, ex.cases) if not c.side):
+        results = [CaseResult(r.name, "fail", 0, r.max_points, f"not counted: {r.detail} -- but no other case of "
+                              "this exercise passed", "this case checks what a function that ignores its inputs "
+                              "also does; it counts once your function computes an answer",
+                              "another case passed as well", r.detail) if c.side and r.passed else r
+                   for r, c in zip(results, ex.cases)]
     return Result(exercise, sum(r.points for r in results), ex.max_points, results)
 
 

@@ -145,7 +145,7 @@ def _returns_cache(fn):
 
 
 @attend.case("leaves its inputs unchanged (q, k_new, v_new and the cache)", 1,
-             "compute new tensors (q @ k.transpose(-2, -1) / math.sqrt(d)); do not write into the inputs")
+             "compute new tensors (q @ k.transpose(-2, -1) / math.sqrt(d)); do not write into the inputs", side=True)
 def _attend_unchanged(fn):
     args = _inputs(2, 2, 3, 4, 8, seed=17)
     call_unchanged(fn, args, ("q", "k_new", "v_new", "k_cache", "v_cache"))
@@ -248,7 +248,7 @@ def _crop_rollback(fn):
     return f"attention after the rollback matches (max |diff| {diff:.1e})"
 
 
-@crop.case("leaves the caller's cache unchanged", 1, "slicing makes a view without changing the tensor it reads")
+@crop.case("leaves the caller's cache unchanged", 1, "slicing makes a view without changing the tensor it reads", side=True)
 def _crop_unchanged(fn):
     g = torch.Generator().manual_seed(25)
     k, v = torch.randn(2, 3, 8, 4, generator=g), torch.randn(2, 3, 8, 4, generator=g)

@@ -149,9 +149,11 @@ def _bytes_random(fn):
 intensity = Exercise("arithmetic_intensity", NOTEBOOK, "FLOPs per byte of weights read in one pass")
 
 
-@intensity.case("one token, 16-bit weights", 1, "FLOPs divided by bytes (2N / 2N = 1 FLOP per byte)")
+@intensity.case("one token, 16-bit and 8-bit weights", 1, "FLOPs divided by bytes (2N / 2N = 1 FLOP per byte)")
 def _intensity_example(fn):
-    return f"{_expect('arithmetic_intensity', fn, (70e9, 1, 2), 1.0):.3g} FLOP/byte"
+    a = _expect('arithmetic_intensity', fn, (70e9, 1, 2), 1.0)
+    b = _expect('arithmetic_intensity', fn, (70e9, 1, 1), 2.0)
+    return f"{a:.3g} and {b:.3g} FLOP/byte"
 
 
 @intensity.case("random models, tokens per pass and precisions", 1,

@@ -226,7 +226,7 @@ def _greedy_onehot(fn):
 
 @step.case("leaves its inputs unchanged, and a seeded generator reproduces the round", 1,
            "compute the residual as a new tensor ((p[i] - q[i]).clamp(min=0)), and draw every random number "
-           "from the generator you are given")
+           "from the generator you are given", side=True)
 def _step_unchanged_reproducible(fn):
     g = torch.Generator().manual_seed(391)
     q, p = _dist(g, 4, sharpness=3.0), _dist(g, 5, sharpness=3.0)  # sharp and unrelated: rejections are likely
@@ -312,7 +312,7 @@ def _greedy_random(fn):
     return "200 rounds agree"
 
 
-@greedy.case("leaves the caller's lists unchanged", 1, "build a new output list; read the inputs only")
+@greedy.case("leaves the caller's lists unchanged", 1, "build a new output list; read the inputs only", side=True)
 def _greedy_unchanged(fn):
     call_unchanged(fn, ([3, 1, 4, 1], [3, 1, 5, 9, 2]), ("draft_tokens", "target_argmax"))
     return "draft_tokens and target_argmax unchanged"
@@ -367,7 +367,7 @@ def _draft_rows(fn):
 
 
 @drafting.case("leaves the caller's context unchanged", 1,
-               "copy the context before extending it: the caller still needs the original")
+               "copy the context before extending it: the caller still needs the original", side=True)
 def _draft_context(fn):
     g = torch.Generator().manual_seed(383)
     _call_draft(fn, _dist(g, V), [1, 2, 3], 3, g, check_context=True)

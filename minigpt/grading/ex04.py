@@ -153,7 +153,7 @@ def _mask_random(fn):
 
 
 @masks.case("leaves the caller's parents list unchanged", 1, "read parents; build the mask and positions as "
-            "new tensors")
+            "new tensors", side=True)
 def _mask_unchanged(fn):
     call_unchanged(fn, ([-1, 0, 0, 1, 2, 1], 3), ("parents", "offset"))
     return "parents unchanged"
@@ -336,7 +336,7 @@ def _path_random(fn):
     return "200 random trees right"
 
 
-@paths.case("leaves the caller's lists unchanged", 1, "read tokens, parents and target_argmax; build a new path list")
+@paths.case("leaves the caller's lists unchanged", 1, "read tokens, parents and target_argmax; build a new path list", side=True)
 def _path_unchanged(fn):
     call_unchanged(fn, ([0, 4, 6, 8, 9], [-1, 0, 0, 2, 1], [6, 9, 8, 2, 3]), ("tokens", "parents", "target_argmax"))
     return "tokens, parents and target_argmax unchanged"

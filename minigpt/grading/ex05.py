@@ -75,14 +75,14 @@ def _case(fn, seq, max_ngram, num_pred, min_ngram=1) -> str:
 
 
 @lookup.case("too short to have an earlier occurrence: [] and [x] give []", 1,
-             "with 0 or 1 tokens there is nothing earlier to copy from: return an empty list")
+             "with 0 or 1 tokens there is nothing earlier to copy from: return an empty list", side=True)
 def _short(fn):
     _case(fn, [], 3, 4)
     _case(fn, [5], 3, 4)
     return "[] for the empty and the 1-token sequence"
 
 
-@lookup.case("no earlier occurrence: []", 1, "when no suffix n-gram occurred before, there is no proposal")
+@lookup.case("no earlier occurrence: []", 1, "when no suffix n-gram occurred before, there is no proposal", side=True)
 def _no_match(fn):
     _case(fn, [1, 2, 3, 4], 3, 4)
     _case(fn, [9, 8, 7], 2, 5)
@@ -157,7 +157,7 @@ def _random(fn):
 
 @lookup.case("leaves the caller's seq unchanged", 1,
              "read seq, do not reorder or extend it: seq[::-1] and sorted(seq) make new lists, seq.reverse() "
-             "and seq.sort() change the caller's")
+             "and seq.sort() change the caller's", side=True)
 def _unchanged(fn):
     for seq in ([3, 1, 4, 1, 5, 9, 2, 6, 1, 4], [7, 7, 2, 7]):
         call_unchanged(fn, (list(seq), 3, 4, 1), ("seq", "max_ngram", "num_pred", "min_ngram"))

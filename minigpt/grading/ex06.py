@@ -234,7 +234,7 @@ def _tree_random(fn):
 
 
 @tree.case("leaves the caller's head_logits and paths unchanged", 1,
-           "sort a copy of the paths (sorted(paths, ...)), not the caller's list (paths.sort())")
+           "sort a copy of the paths (sorted(paths, ...)), not the caller's list (paths.sort())", side=True)
 def _tree_unchanged(fn):
     g = torch.Generator().manual_seed(617)
     paths = [(1,), (0, 0), (0,), (1, 0), (0, 1)]  # not in (depth, ranks) order, as sparse_tree_paths may return

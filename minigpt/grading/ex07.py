@@ -302,7 +302,7 @@ def _toy_joint(fn):
 
 @step.case("leaves its inputs unchanged, and a seeded generator reproduces the round", 1,
            "build the residual as a new tensor ((p - q).clamp(min=0) / its sum) instead of writing into p; draw "
-           "every random number from the generator you are given")
+           "every random number from the generator you are given", side=True)
 def _unchanged_reproducible(fn):
     g = torch.Generator().manual_seed(712)
     tokens, parents, q, p = _random_tree(g, 9, one_hot=False)

@@ -520,7 +520,7 @@ def _round_functional(fn):
 
 
 @rounds.case("leaves the caller's parents and extra_mask unchanged", 1,
-             "read parents and extra_mask; build the round's mask as a new tensor")
+             "read parents and extra_mask; build the round's mask as a new tensor", side=True)
 def _round_unchanged(fn):
     call_unchanged(fn, ([-1, 0, 0, 1], window_mask(2, 3)), ("parents", "extra_mask"))
     return "parents and extra_mask unchanged"
