@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minigpt"
 LAYERS = [
     ("model and its parts", ["device", "model", "cache", "paged", "sampling", "tokenizer", "medusa_heads", "eagle_head", "checkpoint", "quant", "precision"]),
     ("decoding", ["decoding"]),
-    ("data and training", ["data", "prompts", "training"]),
+    ("data and training", ["data", "prompts", "streams", "training"]),
     ("the real-model track", ["real"]),
     ("measurement", ["exactness", "quality", "verdict", "roofline", "hardware", "overlap", "costs", "card", "peers", "engines", "batch_costs", "engine_compare", "bench"]),
     ("course support", ["plots", "grade", "grading", "colab"]),

@@ -29,6 +29,7 @@ from ..checkpoint import load_pretrained
 from ..eagle_head import load_eagle
 from ..medusa_heads import load_medusa
 from ..tokenizer import load_tokenizer
+from .auto import Auto
 from .chain import Chain, SelfSpec
 from .eagle import Eagle
 from .lookahead import Lookahead
@@ -37,6 +38,7 @@ from .medusa import Medusa
 from .plain import Plain
 from .session import Proposer, Settings, decode
 from .stats import DecodeStats
+from .suffix import Suffix
 from .tree import DraftTree
 
 # what a method may need loaded, as a Models field -> how a message names it
@@ -180,3 +182,25 @@ declare("eagle", Eagle, "an EAGLE head extrapolates the target's features and gr
         params=dict(depth=6, top_k=4, total_tokens=16), needs=("eagle_head",))
 declare("lookahead", Lookahead, "Jacobi iteration over a window of guesses feeds an n-gram pool; pool candidates are "
         "verified in the same target pass; no draft model", params=dict(window=5, ngram=4, candidates=5))
+# the same defaults for both families: chosen by replaying the development streams of both (minigpt.streams,
+# minigpt.real.streams); across a stream, bench --stream adds the global tree of earlier outputs (bench/stream.py)
+declare("suffix", Suffix, "suffix trees over the request's own text (in bench --stream also over earlier requests' "
+        "outputs) propose a tree of continuations scored by counts, sized by the match length; no draft model",
+        params=dict(max_depth=24, max_spec=24, factor=4.0, offset=2.0, min_prob=0.1))
+
+
+# The speculation controller: each round, whichever of the methods it can run (those whose drafters are loaded)
+# promises the most tokens per second by its own measurements in this generation, plain decoding included.
+AUTO_OPTIONS = {"prompt_lookup": dict(num_pred=32), "suffix": {}, "chain": {}, "eagle": {}}
+
+
+def auto_options(models: Models) -> dict[str, Proposer]:
+    """The controller's options for ``models``: every method of :data:`AUTO_OPTIONS` that is declared and whose
+    drafters are loaded (prompt lookup with up to 32 copied tokens, which the controller cuts to its best length)."""
+    return {name: METHODS[name].make(models, **over) for name, over in AUTO_OPTIONS.items()
+            if name in METHODS and not METHODS[name].missing(models)}
+
+
+declare("auto", Auto, "the speculation controller: each round the option with the most expected tokens per second "
+        "(plain, prompt lookup cut to its best length, a draft chain's gamma, EAGLE's tree), from this generation's "
+        "own measurements", build=lambda m, **p: Auto(auto_options(m), **p), params=dict(gamma_max=8, max_send=32))

@@ -1,0 +1,254 @@
+"""The stream benchmark, ``python -m minigpt.bench --stream``: the requests of a stream
+(:class:`minigpt.streams.Stream`) decoded one after the other in arrival order, every method on the same
+requests, timed interleaved (:func:`minigpt.device.time_rotating_over`, plain timed twice per round as the A/A
+control of :mod:`minigpt.verdict`).
+
+**The rule that keeps it honest.** Suffix decoding drafts from a global tree of earlier outputs. In this
+benchmark that tree starts empty at each repeat of a stream and holds only the outputs of earlier, different
+requests of the same stream: request k is decoded with the outputs of requests 0 .. k-1 of this repeat, and
+never with its own output from a previous repeat (or the warm-up), which would be the very answer it is asked
+for. (A stream may hold two requests with the same text: the second may then draft from the first's answer, as
+a server would.) Every repeat therefore makes exactly the same rounds; ``same_every_repeat`` checks it.
+
+A method is plain decoding, a declared method (:data:`minigpt.decoding.registry.METHODS`, run with its model
+family's parameters, each request on its own), or one of :data:`STREAM_METHODS`, which keep state along the
+stream, with the declared ``suffix`` method's parameters: ``suffix`` (the request's own tree and the global
+tree), ``suffix_local`` (the request's own tree only: the declared method itself) and ``suffix_fixed`` (a fixed
+number of candidates per round, no probability floor).
+Records: one per (stream, method) with tokens per target pass overall and by position in the stream, the
+speed-up over plain (median and the paired ratios' interval), its verdict, and for suffix decoding the same
+against prompt lookup.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..decoding import DecodeStats
+from ..decoding.suffix import GlobalTree, Suffix, suffix_generate
+from ..device import time_rotating_over
+from ..real.streams import KINDS as SMOLLM2_KINDS
+from ..real.streams import smollm2_streams
+from ..streams import Stream, course_stream
+from ..verdict import aa_band, paired_ratios, ratio_interval, speed_verdict, twin_of
+from .methods import METHODS, Models
+from .run import resolve_params
+from .smollm2 import smollm2_models
+
+TWIN = twin_of("plain")
+# the suffix variants' settings beyond the model family's own (SUFFIX_SETTINGS): what makes each one itself
+STREAM_METHODS = {"suffix": dict(use_global=True),
+                  "suffix_local": dict(use_global=False),
+                  "suffix_fixed": dict(use_global=True, adaptive=False)}
+DEFAULT_STREAM_METHODS = ("plain", "prompt_lookup", "suffix")
+
+
+def check_stream_methods(names) -> list[str]:
+    """Plain first, then the others; ValueError in one line for a name that is neither registered nor a
+    stream method."""
+    names = [n.strip() for n in names if n.strip()]
+    unknown = [n for n in names if n not in METHODS and n not in STREAM_METHODS]
+    if unknown:
+        raise ValueError(f"unknown method {unknown[0]!r}; available: {', '.join([*METHODS, *STREAM_METHODS])}")
+    return ["plain"] + [n for n in dict.fromkeys(names) if n != "plain"]
+
+
+def stream_fns(names: list[str], models: Models, stream: Stream, params: dict, suffix_settings: dict) -> dict:
+    """label -> ``fn((position, prompt)) -> (ids, stats)``. A suffix method's global tree is cleared at position
+    0 (the start of every repeat, and of the warm-up) and takes each request's output when it has ended
+    (:meth:`~minigpt.decoding.suffix.Suffix.finish`). ``suffix_settings``: the suffix methods' parameters (the
+    declared ``suffix`` method's, plus ``max_requests`` for the global tree)."""
+    n, eos = stream.max_new_tokens, stream.eos_id
+
+    def registered(name):
+        return lambda item: METHODS[name].run(models, item[1], n, **params[name])
+
+    def suffix(variant):
+        settings = {**suffix_settings, **{k: v for k, v in variant.items() if k != "use_global"}}
+        cache = GlobalTree(settings.pop("max_requests", 10_000), settings.get("max_depth", 24)) \
+            if variant["use_global"] else None
+
+        def fn(item):
+            position, prompt = item
+            if cache is not None and position == 0:
+                cache.clear()  # a repeat starts from an empty tree: never a request's own earlier output
+            return suffix_generate(models.target, prompt, n, cache=cache, eos_id=eos, **settings)
+        return fn
+
+    fns = {}
+    for name in names:
+        fns[name] = suffix(STREAM_METHODS[name]) if name in STREAM_METHODS else registered(name)
+    return fns
+
+
+def _tau(stats: DecodeStats, tokens: int) -> float:
+    return tokens / stats.target_passes if stats.target_passes else float("nan")
+
+
+def stream_records(stream: Stream, seconds: dict, results: dict, names: list[str], params: dict) -> list[dict]:
+    """One record per method: counts from the first repeat, timing and verdicts from all of them."""
+    plain_out = [ids for ids, _ in results["plain"][0]]
+    aa = paired_ratios(seconds["plain"], seconds[TWIN])
+    band = aa_band(aa)
+    repeats = len(seconds["plain"])
+    records = []
+    for name in names:
+        runs = results[name]
+        outs = [ids for ids, _ in runs[0]]
+        stats = [st for _, st in runs[0]]
+        tokens = [len(o) for o in outs]
+        passes = sum(st.target_passes for st in stats)
+        ratios = paired_ratios(seconds["plain"], seconds[name])
+        same = all([ids for ids, _ in run] == outs and [st.target_passes for _, st in run] ==
+                   [st.target_passes for st in stats] for run in runs)
+        totals = [sum(row) for row in seconds[name]]
+        rec = dict(stream=stream.name, kind=stream.kind, split=stream.split, method=name,
+                   params=params.get(name, {}), n_requests=len(stream), max_new_tokens=stream.max_new_tokens,
+                   repeats=repeats, torch_threads=torch.get_num_threads(), new_tokens=sum(tokens),
+                   target_passes=passes, tokens_per_target_pass=sum(tokens) / passes if passes else None,
+                   tau_by_position=[_tau(st, k) for st, k in zip(stats, tokens)],
+                   accepted=sum(st.accepted for st in stats), proposed=sum(st.proposed for st in stats),
+                   time_s_median=statistics.median(totals), time_s_min=min(totals), time_s_max=max(totals),
+                   speedup_vs_plain=statistics.median(ratios), speedup_interval=list(ratio_interval(ratios)),
+                   speedup_ratios=ratios, noise_band=list(band),
+                   verdict="baseline" if name == "plain" else speed_verdict(ratios, band),
+                   identical_to_plain_greedy=outs == plain_out, same_every_repeat=same)
+        if name == "plain":
+            rec["aa_ratios"] = aa
+        if name != "plain" and "prompt_lookup" in seconds and name != "prompt_lookup":
+            vs = paired_ratios(seconds["prompt_lookup"], seconds[name])
+            rec.update(vs_prompt_lookup=statistics.median(vs), vs_prompt_lookup_interval=list(ratio_interval(vs)),
+                       vs_prompt_lookup_verdict=speed_verdict(vs, band))
+        records.append(rec)
+    return records
+
+
+def run_stream_bench(streams: list[Stream], methods=DEFAULT_STREAM_METHODS, models: Models | None = None,
+                     repeats: int = 5, suffix_settings: dict | None = None, method_params: dict | None = None,
+                     device=None, log=None) -> list[dict]:
+    """Every method on every stream (greedy), each stream timed on its own (:func:`stream_fns`, the rule of the
+    module docstring); returns the records of :func:`stream_records`, stream by stream. ``models``: default the
+    course's shipped pair (with what the named methods need); ``suffix_settings``: changes to the suffix methods'
+    parameters (the declared ``suffix`` method's for the models' family, plus ``max_requests``, default 10,000);
+    ``method_params``: overrides of declared methods' parameters, as :func:`~minigpt.bench.run.run_bench` takes
+    them."""
+    names = check_stream_methods(methods)
+    if not streams or any(len(s) == 0 for s in streams):
+        raise ValueError("every stream needs at least one request")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    models = models or Models.shipped(device or "cpu", methods=[n for n in names if n in METHODS])
+    params = resolve_params([n for n in names if n in METHODS and n not in STREAM_METHODS], None, method_params,
+                            family=models.family)
+    suffix = {**METHODS["suffix"].defaults(models.family), **(suffix_settings or {})}
+    records = []
+    for stream in streams:
+        if log:
+            log(f"stream {stream.name}: {len(stream)} requests x {stream.max_new_tokens} tokens")
+        fns = stream_fns(names, models, stream, params, suffix)
+        inputs = list(enumerate(stream.requests))
+        seconds, results = time_rotating_over(fns, inputs, models.target.device, repeat=repeats, warmup=1,
+                                              log=log, aa="plain")
+        variants = {n: {**suffix, **STREAM_METHODS[n]} for n in names if n in STREAM_METHODS}
+        records += stream_records(stream, seconds, results, names, {**params, **variants})
+    return records
+
+
+def format_stream_table(records: list[dict]) -> str:
+    """The records as a table: per stream, each method's tokens per pass, speed-up over plain and verdict, and
+    tokens per pass by position in the stream."""
+    lines = []
+    for name in dict.fromkeys(r["stream"] for r in records):
+        group = [r for r in records if r["stream"] == name]
+        r0 = group[0]
+        lines.append(f"{name}: {r0['n_requests']} requests x {r0['max_new_tokens']} tokens, {r0['repeats']} "
+                     f"repeats, A/A noise band {r0['noise_band'][0]:.2f}-{r0['noise_band'][1]:.2f}")
+        for r in group:
+            lo, hi = r["speedup_interval"]
+            tau = "-" if r["tokens_per_target_pass"] is None else f"{r['tokens_per_target_pass']:.2f}"
+            extra = "" if "vs_prompt_lookup" not in r else (
+                f"; vs prompt lookup {r['vs_prompt_lookup']:.2f}x ({r['vs_prompt_lookup_interval'][0]:.2f}-"
+                f"{r['vs_prompt_lookup_interval'][1]:.2f}) {r['vs_prompt_lookup_verdict']}")
+            flags = ("" if r["identical_to_plain_greedy"] else "  NOT identical") + (
+                "" if r["same_every_repeat"] else "  CHANGED between repeats")
+            lines.append(f"  {r['method']:<16} tau {tau:>5}  {r['speedup_vs_plain']:.2f}x ({lo:.2f}-{hi:.2f}) "
+                         f"{r['verdict']}{extra}{flags}")
+            lines.append(f"  {'':<16} tau by position: " + " ".join(f"{t:.2f}" for t in r["tau_by_position"]))
+    return "\n".join(lines)
+
+
+def tree_costs(texts: list[list[int]], sizes, contexts: list[list[int]], max_requests: int | None = None,
+               max_depth: int = 24, repeat: int = 5) -> list[dict]:
+    """Memory and time of a global tree against the number of requests it was given: for each n in ``sizes``
+    (increasing), the tree after the first n of ``texts`` (capped at ``max_requests``, oldest evicted), its
+    nodes and bytes, the seconds one insert took on average, and the median seconds of one lookup and draft
+    (:meth:`~minigpt.decoding.suffix.SuffixTree.speculate` at the Suffix defaults) over ``contexts``, best of
+    ``repeat``."""
+    defaults = Suffix()
+    args = (defaults.max_spec, defaults.factor, defaults.offset, defaults.min_prob, defaults.tree)
+    cache = GlobalTree(max_requests or max(sizes), max_depth)
+    out, done, insert_s = [], 0, 0.0
+    for n in sorted(sizes):
+        t0 = time.perf_counter()
+        for text in texts[done:n]:
+            cache.add(text)
+        insert_s += time.perf_counter() - t0
+        done = n
+        lookups = []
+        for ctx in contexts:
+            best = float("inf")
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                cache.tree.speculate(ctx, *args)
+                best = min(best, time.perf_counter() - t0)
+            lookups.append(best)
+        out.append(dict(requests_given=n, requests_held=len(cache), nodes=cache.tree.n_nodes,
+                        bytes=cache.tree.memory_bytes(), insert_s_mean=insert_s / n if n else 0.0,
+                        lookup_s_median=statistics.median(lookups)))
+    return out
+
+
+def main_stream(argv=None) -> int:
+    """``python -m minigpt.bench.stream`` (also ``python -m minigpt.bench --stream SPLIT``): the stream race on
+    the course pair or SmolLM2, a table on stdout, the records as JSON with ``--json``."""
+    ap = argparse.ArgumentParser(prog="python -m minigpt.bench.stream", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--split", choices=["dev", "held-out"], default="held-out")
+    ap.add_argument("--model", choices=["course", "smollm2"], default="course")
+    ap.add_argument("--methods", default=",".join(DEFAULT_STREAM_METHODS))
+    ap.add_argument("--kinds", default=None, help="smollm2: comma-separated stream kinds (default all)")
+    ap.add_argument("--n-requests", type=int, default=None, help="requests per stream (default: all / 10)")
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        names = check_stream_methods(args.methods.split(","))
+        if args.model == "course":
+            streams = [course_stream(args.split, args.n_requests or 10, args.max_new_tokens or 48)]
+            models = None
+        else:
+            kinds = tuple(k.strip() for k in (args.kinds or ",".join(SMOLLM2_KINDS)).split(","))
+            streams = smollm2_streams(args.split, kinds, args.max_new_tokens or 96, args.n_requests)
+            models = smollm2_models("cpu", draft="chain" in names, medusa="medusa" in names, eagle="eagle" in names)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        print(f"{ap.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    records = run_stream_bench(streams, names, models, args.repeats, log=lambda m: print(m, file=sys.stderr))
+    print(format_stream_table(records))
+    if args.json:
+        command = "python -m minigpt.bench.stream " + " ".join(argv if argv is not None else sys.argv[1:])
+        Path(args.json).write_text(json.dumps(dict(command=command, records=records), indent=1) + "\n")
+    return 0 if all(r["identical_to_plain_greedy"] and r["same_every_repeat"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main_stream())
