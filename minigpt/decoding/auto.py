@@ -194,6 +194,11 @@ class Auto(Proposer):
         for o in self.options:
             o.proposer.start(session)
 
+    def finish(self, progress) -> None:
+        """The generation ended: every option hears it (suffix decoding keeps the output for later requests)."""
+        for o in self.options:
+            o.proposer.finish(progress)
+
     def fork(self) -> "Auto":
         """A copy for another sequence of a batch, with copies of the options (each its own measurements)."""
         twin = copy.copy(self)

@@ -44,6 +44,7 @@ class Eagle(Proposer):
         """A new generation: a fresh head cache, with room for a round's tree entries beyond the context's
         positions."""
         self.cache = self.head.new_cache(session.target.config.block_size + self.top_k * self.depth)
+        self._caught_up = None  # (cache length, root feature) fed by catch_up() this round
 
     def _catch_up(self, session: Session) -> torch.Tensor | None:
         """Feed the head the positions the target cached since the last round; returns the predicted feature at
@@ -59,9 +60,17 @@ class Eagle(Proposer):
         tokens = torch.tensor([session.seq[start + 1:start + 1 + len(f)]], device=f.device)
         return self.head(f[None], tokens, cache=self.cache)[0, -1]
 
+    def catch_up(self, session: Session) -> None:
+        """Keep the head up to date in a round another method makes (the speculation controller,
+        :mod:`.auto`, calls it every round): without it the head's cache would miss that round's positions. A
+        :meth:`propose` in the same round reuses what this fed."""
+        self._caught_up = (session.cache.length, self._catch_up(session))
+
     def propose(self, session: Session, room: int) -> Proposal:
         root = session.seq[-1]
-        root_feature = self._catch_up(session)
+        done = self._caught_up if self.cache is not None else None
+        root_feature = done[1] if done is not None and done[0] == session.cache.length else self._catch_up(session)
+        self._caught_up = None
         passes = 1 if root_feature is not None else 0
         if root_feature is None or room < 1:
             return Proposal([root], [-1], draft_passes=passes)
