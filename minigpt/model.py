@@ -333,6 +333,31 @@ class GPT(nn.Module):
         self._check_positions(*layout.span(T))
         return self._blocks(*self._embed(idx, layout.positions, layout.past), layout.mask, cache)
 
+    @contextmanager
+    def recording_layers(self, layers):
+        """Within the ``with`` block, every pass of the model writes the outputs of the blocks numbered ``layers``
+        (0-based: the residual stream after block i, (B, T, n_embd)) into the list it yields, in the order of
+        ``layers`` (EAGLE-3 reads a low, a middle and a high layer). Forward hooks: the pass itself is unchanged."""
+        if any(not 0 <= i < self.config.n_layer for i in layers):
+            raise ValueError(f"layers must be in [0, {self.config.n_layer - 1}], got {list(layers)}")
+        states: list[torch.Tensor | None] = [None] * len(layers)
+        hooks = [self.transformer.h[i].register_forward_hook(
+            lambda module, args, out, slot=slot: states.__setitem__(slot, out)) for slot, i in enumerate(layers)]
+        try:
+            yield states
+        finally:
+            for h in hooks:
+                h.remove()
+
+    def layer_states(self, idx: torch.Tensor, layers, cache: KVCache | PagedBatch | None = None,
+                     position_ids: torch.Tensor | None = None,
+                     attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """:meth:`hidden_states`, and the outputs of the blocks numbered ``layers`` in the same pass
+        (:meth:`recording_layers`)."""
+        with self.recording_layers(layers) as states:
+            final = self.hidden_states(idx, cache, position_ids, attn_mask)
+        return final, states
+
     def _check_positions(self, first: int, last: int) -> None:
         if first < 0:
             raise ValueError(f"position_ids must be >= 0, got {first}")

@@ -14,15 +14,16 @@ The drafters, all exact under greedy verification by the full model:
 
 The package, one module per job: :mod:`~minigpt.real.smollm` (the GGUF file, the model, the tokenizer, the chat
 format, and its ``fetch``/``chat`` command), :mod:`~minigpt.real.hf` (the bridge to transformers),
-:mod:`~minigpt.real.request_sets` (what SmolLM2 is asked: the benchmark's requests and the distillation requests),
+:mod:`~minigpt.real.request_sets` (what SmolLM2 is asked: the benchmark's requests),
+:mod:`~minigpt.real.request_mix` (the distillation requests),
 :mod:`~minigpt.real.chat` (the streaming speculative chat), :mod:`~minigpt.real.loaders` (the shipped drafters
 and their settings), :mod:`~minigpt.real.answers` and :mod:`~minigpt.real.distill` (the distillation data and
 training). The benchmark's SmolLM2 models are :func:`minigpt.bench.smollm2.smollm2_models`.
 
-The draft and the heads ship with the package. To rebuild them (SmolLM2 takes about half an hour to write
-the data on a laptop CPU, the draft as long again to train; both of those resume where they stopped):
+The draft and the heads ship with the package. To rebuild them (writing the data and training resume where
+they stopped; the data take hours on one CPU thread, see the README):
 
-    python -m minigpt.real make-answers --minutes 30  # SmolLM2 answers ~1000 requests (needs transformers)
+    python -m minigpt.real make-answers --minutes 600  # SmolLM2 answers the request mix on the batch engine
     python -m minigpt.real train-draft --minutes 45 --max-steps 1500
     python -m minigpt.real train-medusa --minutes 18
 

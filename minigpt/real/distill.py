@@ -1,6 +1,8 @@
 """Distilling SmolLM2's drafters from its own answers (:mod:`minigpt.real.answers`): the two-layer draft
-(:func:`train_draft`, its embedding started from SmolLM2's), the Medusa heads (:func:`train_medusa`) and an
-EAGLE head (:func:`train_eagle_head`), saved next to the package where :mod:`minigpt.real.loaders` finds them.
+(:func:`train_draft`, its embedding started from SmolLM2's), the Medusa heads (:func:`train_medusa`), an
+EAGLE head (:func:`train_eagle_head`) and an EAGLE-3 head (:func:`train_eagle3_head`: low, middle and high
+layers fused, tokens predicted directly, trained with its own outputs fed back; checkpointed and resumed), saved
+next to the package where :mod:`minigpt.real.loaders` finds them.
 """
 from __future__ import annotations
 
@@ -15,11 +17,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..checkpoint import PACKAGE_CHECKPOINTS
 from ..data import get_batch, load_tokens
-from ..eagle_head import EagleHead, frequency_subset, save_eagle
+from ..eagle_head import Eagle3Head, EagleHead, frequency_subset, load_eagle, load_eagle3, save_eagle, save_eagle3
 from ..medusa_heads import MedusaHeads, save_heads
+from ..model import frozen
 from ..training.train import Run, export, get_preset
 from ..training.train_eagle import agreement, train_eagle
+from ..training.train_eagle3 import chain_hits, chain_summary, step_inputs, target_pass, ttt_loss
 from ..training.train_heads import head_accuracy, train_heads
 from .answers import HELD_OUT_NOTE, load_answers
 from .loaders import SMOLLM2_EAGLE_CHECKPOINT, SMOLLM2_MEDUSA_CHECKPOINT
@@ -197,3 +202,165 @@ def train_eagle_head(minutes: float, subset_size: int = 8192, batch_size: int = 
     save_eagle(head, SMOLLM2_EAGLE_CHECKPOINT, card=json.dumps(card))
     return {k: v for k, v in card.items() if k != "history"}
 
+
+
+# ------------------------------------------------------------------------------------------------- EAGLE-3
+
+SMOLLM2_EAGLE3_CHECKPOINT = PACKAGE_CHECKPOINTS / "smollm2-eagle3.pt"
+
+
+def eagle3_batch(tokens: np.ndarray, answer: np.ndarray, batch_size: int, block_size: int, g: torch.Generator,
+                 stdlib: np.ndarray | None = None, stdlib_share: float = 0.0):
+    """Windows x (B, block_size) of the conversations and ``counts`` (B, block_size) bool: position j counts when
+    the token after it is an answer's. With ``stdlib_share``, that share of the batches are windows of the
+    standard library in SmolLM2's tokens instead (teacher-forced: every position counts, the label being the
+    target's own choice there)."""
+    if stdlib is not None and float(torch.rand((), generator=g)) < stdlib_share:
+        return get_batch(stdlib, batch_size, block_size, g)[0], None
+    x, y = answer_batch(tokens, answer, batch_size, block_size, g)
+    return x, y != -100
+
+
+def eval_windows(data: dict, n_val: int, conversations: int, block_size: int):
+    """The first ``conversations`` held-out conversations, each cut to ``block_size`` tokens: (x (1, T), counts)."""
+    convs = np.split(data["tokens"], data["starts"][1:])[-n_val:][:conversations]
+    masks = np.split(data["answer"], data["starts"][1:])[-n_val:][:conversations]
+    out = []
+    for c, m in zip(convs, masks):
+        x = torch.as_tensor(c[:block_size].astype(np.int64))[None]
+        counts = torch.as_tensor(np.append(m[1:block_size], 0).astype(bool))[None]
+        out.append((x, counts))
+    return out
+
+
+def measure_chain(head, windows, depth: int, cached: dict | None = None) -> dict:
+    """:func:`~minigpt.training.train_eagle3.chain_summary` of ``head`` over ``windows`` (an EAGLE or EAGLE-3
+    head alike), counting only positions whose next ``depth`` tokens all count."""
+    hits, valid = [], []
+    for i, (x, counts) in enumerate(windows):
+        _, labels = cached[i] if cached is not None else target_pass(head, x, counts)
+        hits.append(chain_hits(head, x, labels, depth))
+        lab = torch.stack([step_inputs(x, labels, k)[1][0] for k in range(depth)], dim=1)
+        valid.append((lab != -100).all(1))
+    return chain_summary(torch.cat(hits), torch.cat(valid))
+
+
+def _lr(step: int, lr: float, warmup: int, max_steps: int | None) -> float:
+    """Linear warm-up, then constant, or a cosine down to a tenth by ``max_steps`` when it is given."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if not max_steps:
+        return lr
+    t = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+    return lr * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * t)))
+
+
+def train_eagle3_head(minutes: float, subset_size: int = 8192, batch_size: int = 4, block_size: int = 512,
+                      ttt_steps: int = 5, lr: float = 5e-4, warmup: int = 100, max_steps: int | None = None,
+                      stdlib_share: float = 0.0, feature_layers=None, eval_every: int = 200, save_every: int = 25,
+                      eval_conversations: int = 32, eval_depth: int = 6, fresh: bool = False, out: Path = Path("runs"),
+                      export_to: Path | None = None, log=print) -> dict:
+    """Train an EAGLE-3 head for SmolLM2 on its own answers (:func:`minigpt.real.answers.make_answers`) with
+    ``ttt_steps`` steps of training-time test, for ``minutes`` (or up to ``max_steps``), resuming from
+    ``out/smollm2-eagle3/state.pt`` (weights, optimizer, data generator, history) unless ``fresh``. The read-out
+    holds the ``subset_size`` tokens most frequent in the training answers (FR-Spec). Every ``eval_every`` steps
+    the head is measured on held-out conversations (teacher-forced chains of ``eval_depth``: agreement per depth
+    and τ, beside the shipped EAGLE head's on the same windows) and the best so far (by τ) is exported with its
+    card to ``export_to`` (default: the package's ``smollm2-eagle3.pt``), in bfloat16."""
+    data, n_val = load_answers()
+    cut = int(data["starts"][-n_val])
+    tokens, answer = data["tokens"][:cut], data["answer"][:cut].astype(bool)
+    target = load_smollm("cpu")
+    run_dir = Path(out) / "smollm2-eagle3"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state_path, export_to = run_dir / "state.pt", Path(export_to or SMOLLM2_EAGLE3_CHECKPOINT)
+    if state_path.exists() and not fresh:
+        head = load_eagle3(target, state_path).train()
+        st = torch.load(state_path, map_location="cpu", weights_only=True)
+        log(f"resumed at step {st['step']}")
+    else:
+        counts = np.bincount(tokens[answer].astype(np.int64), minlength=target.config.vocab_size)
+        with torch.random.fork_rng():  # the same head's initial weights every time
+            torch.manual_seed(29)
+            head = Eagle3Head(target, frequency_subset(torch.from_numpy(counts).float(), subset_size), feature_layers)
+        st = dict(step=0, tokens=0, seconds=0.0, cpu_seconds=0.0, history="[]", best_tau=-1.0, baseline="{}",
+                  subset_share=float(counts[head.vocab_subset.numpy()].sum() / counts.sum()))
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(29)
+    if "optimizer" in st:
+        opt.load_state_dict(st["optimizer"])
+        g.set_state(st["generator"])
+    step, seen, seconds, best = int(st["step"]), int(st["tokens"]), float(st["seconds"]), float(st["best_tau"])
+    cpu = float(st.get("cpu_seconds", 0.0))
+    history, baseline = json.loads(st["history"]), json.loads(st["baseline"])
+    stdlib = load_tokens("train", load_smollm_tokenizer()) if stdlib_share else None
+    windows = eval_windows(data, n_val, eval_conversations, block_size)
+    with frozen(target):
+        cached = [target_pass(head, x, c) for x, c in windows]
+        how = f"{len(windows)} conversations, {block_size} tokens, depth {eval_depth}"
+        if baseline.get("windows") != how:  # measured on other windows (or never): the best so far is not comparable
+            best, baseline = -1.0, dict(windows=how)
+            if SMOLLM2_EAGLE_CHECKPOINT.exists():
+                baseline.update(measure_chain(load_eagle(target, SMOLLM2_EAGLE_CHECKPOINT), windows, eval_depth))
+                log(f"the shipped EAGLE head on the same windows: {baseline}")
+
+        def save_state():
+            save_eagle3(head, state_path, optimizer=opt.state_dict(), generator=g.get_state(), step=step,
+                        tokens=seen, seconds=seconds, cpu_seconds=cpu, history=json.dumps(history), best_tau=best,
+                        baseline=json.dumps(baseline), subset_share=st["subset_share"])
+
+        t0, last = time.time(), None
+        while time.time() - t0 < 60 * minutes and (max_steps is None or step < max_steps):
+            t, c = time.time(), time.process_time()
+            x, counts = eagle3_batch(tokens, answer, batch_size, block_size, g, stdlib, stdlib_share)
+            features, labels = target_pass(head, x, counts)
+            head.train()
+            loss, record = ttt_loss(head, features, x, labels, ttt_steps)
+            for group in opt.param_groups:
+                group["lr"] = _lr(step, lr, warmup, max_steps)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            step, seen, seconds = step + 1, seen + x.numel(), seconds + time.time() - t
+            cpu += time.process_time() - c
+            last = dict(step=step, loss=round(loss.item(), 4),
+                        train_top1=[round(h / max(n, 1), 4) for h, n in record])
+            if step % eval_every == 0 or step == max_steps:
+                head.eval()
+                measured = measure_chain(head, windows, eval_depth, cached)
+                history.append(dict(last, tokens=seen, seconds=round(seconds), cpu_seconds=round(cpu), held_out=measured))
+                log(f"step {step}: loss {last['loss']:.3f}, train top-1 by step {last['train_top1']}, held-out "
+                    f"agreement by depth {measured['agreement_by_depth']}, chain tau {measured['chain_tau']}; "
+                    f"{seen / max(cpu, 1e-9):.0f} tokens per CPU second")
+                if measured["chain_tau"] > best:
+                    best = measured["chain_tau"]
+                    export_eagle3(head, export_to, dict(
+                        target="SmolLM2-135M-Instruct (frozen)", exported_step=step, tokens_seen=seen,
+                        train_seconds=round(seconds), train_cpu_seconds=round(cpu), held_out=measured,
+                        shipped_eagle_head=baseline,
+                        data=f"SmolLM2's greedy answers to the request mix (minigpt.real.answers), "
+                             f"{len(data['starts']) - n_val} conversations trained on; held out: {HELD_OUT_NOTE}"
+                             + (f"; {stdlib_share:.0%} of batches standard-library code" if stdlib_share else ""),
+                        held_out_how=f"the first {len(windows)} held-out conversations cut to {block_size} tokens; "
+                                     f"teacher-forced chains of depth {eval_depth} at every position whose next "
+                                     f"{eval_depth} tokens are answer tokens (minigpt.training.train_eagle3)",
+                        vocab_subset=f"the {len(head.vocab_subset)} tokens most frequent in the training answers "
+                                     f"({st['subset_share']:.1%} of their tokens)",
+                        feature_layers=list(head.feature_layers), ttt_steps=ttt_steps, lr=lr, batch=[batch_size,
+                                                                                                    block_size],
+                        hardware=f"{platform.machine()} CPU, {torch.get_num_threads()} threads, torch "
+                                 f"{torch.__version__}"))
+                save_state()
+            elif step % save_every == 0:
+                save_state()
+        save_state()
+    head.eval()
+    return dict(steps=step, tokens_seen=seen, train_seconds=round(seconds), train_cpu_seconds=round(cpu), last=last,
+                best_chain_tau=best,
+                shipped_eagle_head=baseline, state=str(state_path), exported=str(export_to) if best >= 0 else None)
+
+
+def export_eagle3(head: Eagle3Head, path: Path, card: dict) -> None:
+    """The head's weights in bfloat16 (loaded back as the target's dtype) with its card."""
+    save_eagle3(head, path, dtype=torch.bfloat16, card=json.dumps(card))

@@ -10,10 +10,11 @@ the point is how fast it answers. :func:`real_prompts` tokenizes them in SmolLM2
 
 A draft is useful when it guesses what the *target* will say next, so the best training text for it is the
 target's own answers to the kind of request it will serve (sequence-level distillation).
-:func:`training_requests` writes those requests (:func:`minigpt.real.answers.make_answers` has SmolLM2 answer
-them) in three of the benchmark's kinds (*document* has no counterpart): *edit* (a function from the standard
-library's training files with an instruction), *code* (write a small function) and *chat* (short questions in
-prose). The benchmark's requests are not among them.
+:func:`training_requests` writes the first, small set of those requests (the shipped draft and heads were
+distilled from SmolLM2's answers to them; :mod:`minigpt.real.request_mix` is the broader mix that
+:func:`minigpt.real.answers.make_answers` now answers) in three of the benchmark's kinds (*document* has no
+counterpart): *edit* (a function from the standard library's training files with an instruction), *code* (write
+a small function) and *chat* (short questions in prose). The benchmark's requests are not among them.
 """
 from __future__ import annotations
 
