@@ -29,7 +29,6 @@ from ..checkpoint import load_pretrained
 from ..eagle_head import load_eagle
 from ..medusa_heads import load_medusa
 from ..tokenizer import load_tokenizer
-from .auto import Auto
 from .chain import Chain, SelfSpec
 from .eagle import Eagle
 from .lookahead import Lookahead
@@ -188,19 +187,3 @@ declare("suffix", Suffix, "suffix trees over the request's own text (in bench --
         "outputs) propose a tree of continuations scored by counts, sized by the match length; no draft model",
         params=dict(max_depth=24, max_spec=24, factor=4.0, offset=2.0, min_prob=0.1))
 
-
-# The speculation controller: each round, whichever of the methods it can run (those whose drafters are loaded)
-# promises the most tokens per second by its own measurements in this generation, plain decoding included.
-AUTO_OPTIONS = {"prompt_lookup": dict(num_pred=32), "suffix": {}, "chain": {}, "eagle": {}}
-
-
-def auto_options(models: Models) -> dict[str, Proposer]:
-    """The controller's options for ``models``: every method of :data:`AUTO_OPTIONS` that is declared and whose
-    drafters are loaded (prompt lookup with up to 32 copied tokens, which the controller cuts to its best length)."""
-    return {name: METHODS[name].make(models, **over) for name, over in AUTO_OPTIONS.items()
-            if name in METHODS and not METHODS[name].missing(models)}
-
-
-declare("auto", Auto, "the speculation controller: each round the option with the most expected tokens per second "
-        "(plain, prompt lookup cut to its best length, a draft chain's gamma, EAGLE's tree), from this generation's "
-        "own measurements", build=lambda m, **p: Auto(auto_options(m), **p), params=dict(gamma_max=8, max_send=32))
