@@ -162,3 +162,19 @@ def test_the_choice_strip_draws_every_round():
     ax = choice_strip([(PLAIN, 0, 0), ("lookup", 8, 5), ("chain", 4, 0)])
     assert len(ax.patches) == 1 + 2 + 1       # a bar per round, plus one for the kept drafted tokens
     assert ax.get_xlim()[1] == 1 + 6 + 1
+
+
+def test_the_bench_record_of_auto_says_what_it_chose():
+    """run_bench's record of auto carries, per option, its share of the rounds and its tokens per target pass."""
+    from minigpt.bench import run_bench
+    from minigpt.decoding import Models
+    target, draft = random_model(0), random_model(1, n_layer=1)
+    prompts = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7, 5, 6, 7]]
+    records = run_bench(["plain", "auto"], models=Models(target, draft), prompts=prompts, max_new_tokens=16,
+                        repeats=1)
+    auto = next(r for r in records if r["method"] == "auto")
+    assert auto["identical_to_plain_greedy"]
+    shares = auto["choices"]
+    assert sum(c["rounds"] for c in shares.values()) == auto["target_passes"]   # every round is one target pass
+    assert abs(sum(c["share"] for c in shares.values()) - 1) < 1e-9
+    assert "choices" not in next(r for r in records if r["method"] == "plain")

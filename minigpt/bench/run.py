@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from ..decoding import DecodeStats
+from ..decoding.auto import choice_summary
 from ..device import get_device, time_rotating_over
 from ..engines import agreement
 from ..peers import PAIRS, PeerMethod, peer_methods, settings_from_bench
@@ -201,7 +202,15 @@ def method_record(race: Race, name: str, prompts: list, setup: dict, description
         mismatched_prompts=[p.name if isinstance(p, Prompt) else i
                             for i, (p, ok) in enumerate(zip(prompts, race.identical[name])) if not ok],
         by_kind=by_kind, by_split=by_split,
+        **choices_field(race, name, range(len(prompts))),
     )
+
+
+def choices_field(race: Race, name: str, idx) -> dict:
+    """``choices``: for a method that chooses among options round by round (``auto``), how often each option was
+    taken over the prompts ``idx`` (first repeat) and the tokens per target pass it made; nothing otherwise."""
+    rounds = [c for i in idx for c in race.stats[name][i].choices]
+    return dict(choices=choice_summary(rounds)) if rounds else {}
 
 
 def agreement_with_ours(record: dict, race: Race, prompts: list) -> None:

@@ -22,6 +22,10 @@ def format_table(records: list[dict]) -> str:
         if "ours_over_theirs" in r:
             lines.append(f"{r['method']}: ours ({r['ours']}) / theirs = {r['ours_over_theirs']:.2f}x tokens/s, "
                          f"identical tokens: {r['identical_to_ours']}")
+        if "choices" in r:
+            lines.append(f"{r['method']} chose: " + ", ".join(
+                f"{o} {c['share']:.0%} of rounds ({c['tokens_per_pass']:.2f} tokens/pass)"
+                for o, c in sorted(r["choices"].items(), key=lambda kv: -kv[1]["rounds"])))
         if "agreement_with_ours" in r:
             parts = [f"{a['prompt']}: " + ("same" if a["first_divergence"] is None else f"from token {a['first_divergence']}")
                      for a in r["agreement_with_ours"]]

@@ -224,6 +224,7 @@ class Auto(Proposer):
     def propose(self, session: Session, room: int) -> Proposal:
         now = self.clock()
         self._close_round(now)
+        self._stats = session.stats
         self.round += 1
         root = session.seq[-1]
         for o in self.options:  # proposers that read every round's hidden states keep up even when not chosen
@@ -293,6 +294,7 @@ class Auto(Proposer):
         o = self._pending[0]
         kept = len(verified.path)
         self.choices.append((PLAIN if o is None else o.name, len(proposal.tokens) - 1, kept))
+        self._stats.choices.append((self.choices[-1][0], kept + 1))
         if o is None:
             return
         o.last_round = self.round
@@ -333,13 +335,18 @@ class Auto(Proposer):
     # -- reporting --------------------------------------------------------------------------------------------
     def summary(self) -> dict[str, dict]:
         """Per option (plain included): rounds taken, their share, tokens made, tokens per target pass."""
-        out: dict[str, dict] = {}
-        for name, _, kept in self.choices:
-            s = out.setdefault(name, dict(rounds=0, tokens=0))
-            s["rounds"] += 1
-            s["tokens"] += kept + 1
-        total = max(1, len(self.choices))
-        for s in out.values():
-            s["share"] = s["rounds"] / total
-            s["tokens_per_pass"] = s["tokens"] / s["rounds"]
-        return out
+        return choice_summary([(name, kept + 1) for name, _, kept in self.choices])
+
+
+def choice_summary(choices: list[tuple[str, int]]) -> dict[str, dict]:
+    """(option, tokens the round made) per round -> per option: rounds, share of the rounds, tokens, tokens per
+    target pass (:attr:`~.stats.DecodeStats.choices` of one or several generations)."""
+    out: dict[str, dict] = {}
+    for name, tokens in choices:
+        s = out.setdefault(name, dict(rounds=0, tokens=0))
+        s["rounds"] += 1
+        s["tokens"] += tokens
+    for s in out.values():
+        s["share"] = s["rounds"] / max(1, len(choices))
+        s["tokens_per_pass"] = s["tokens"] / s["rounds"]
+    return out

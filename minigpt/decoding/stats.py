@@ -19,6 +19,9 @@ class DecodeStats:
     # one entry per output token: True if it was drafted and accepted, False if the target made it (a plain
     # step, the bonus token after a full accept, or the replacement at a rejection); see decoding.session.Stream
     from_draft: list[bool] = field(default_factory=list)
+    # what a round was made with, when a proposer chooses among several (the speculation controller, .auto):
+    # one (option, tokens the round made) per round
+    choices: list[tuple[str, int]] = field(default_factory=list)
 
     def add_round(self, drafted: int, accepted: int, tested: int) -> None:
         """Book one draft-then-verify round: one target pass over ``drafted`` candidates."""
@@ -67,6 +70,7 @@ class DecodeStats:
         d = asdict(self)
         d.pop("gammas")
         d.pop("from_draft")
+        d.pop("choices")
         d.update(acceptance_rate=self.acceptance_rate, share_of_proposed_accepted=self.share_of_proposed_accepted,
                  tokens_per_target_pass=self.tokens_per_target_pass,
                  tokens_per_s=self.tokens_per_s)
