@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -35,6 +36,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ttt-steps", type=int, default=5, help="train-eagle3: training-time-test steps")
     ap.add_argument("--stdlib-share", type=float, default=0.0,
                     help="train-eagle3: share of batches of standard-library code (teacher-forced)")
+    ap.add_argument("--out", type=Path, default=Path("runs"),
+                    help="train-eagle3: its state goes to OUT/smollm2-eagle3/ (one folder per head being compared)")
+    ap.add_argument("--export", type=Path, default=None,
+                    help="train-eagle3: where the best head goes (default minigpt/checkpoints/smollm2-eagle3.pt)")
     ap.add_argument("--data", choices=["answers", "stdlib"], default="answers",
                     help="train-medusa: SmolLM2's own answers (default) or the standard library")
     args = ap.parse_args(argv)
@@ -48,7 +53,7 @@ def main(argv=None) -> int:
         elif args.what == "train-eagle3":
             print(json.dumps(train_eagle3_head(args.minutes, subset_size=args.subset, ttt_steps=args.ttt_steps,
                                                max_steps=args.max_steps, stdlib_share=args.stdlib_share,
-                                               fresh=args.fresh), indent=1))
+                                               fresh=args.fresh, out=args.out, export_to=args.export), indent=1))
         elif args.what == "train-draft":
             print(json.dumps(train_draft(args.minutes, fresh=args.fresh, max_steps=args.max_steps), indent=1))
         elif args.what == "train-medusa":
