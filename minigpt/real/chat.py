@@ -22,7 +22,7 @@ from ..decoding.registry import METHODS, available
 # the chat's former names for some methods, still understood
 ALIASES = {"none": "plain", "lookup": "prompt_lookup", "lookup-adaptive": "prompt_lookup_adaptive", "draft": "chain",
            "self": "self_spec"}
-DEFAULT = "prompt_lookup_adaptive"
+DEFAULT = "auto"  # the speculation controller: never knowingly slower than plain decoding
 LENGTH_MESSAGE = "[stopped at the length limit of {n} tokens]"
 
 

@@ -415,6 +415,8 @@ def smollm_models(model: GPT, enc, speculate: str) -> Models:
     models = Models(model, early_exit_layers=EARLY_EXIT_LAYERS, eos_id=enc.encode_single_token(STOP), family="smollm2")
     name = ALIASES.get(speculate, speculate)
     needs = METHODS[name].needs if name in METHODS else ()
+    if name == "auto":  # the controller chooses among every drafter that is installed
+        needs = tuple(n for n, path in DRAFTER_FILES.items() if path.exists())
     for need in needs:
         if need in DRAFTER_FILES and not DRAFTER_FILES[need].exists():
             raise CheckpointError(f"no SmolLM2 {need.replace('_', ' ')} at {DRAFTER_FILES[need]}: "
