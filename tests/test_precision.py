@@ -147,3 +147,12 @@ def test_loaders_take_a_precision():
     import minigpt
     model = minigpt.load_pretrained("draft", "cpu", precision="bf16")
     assert model.precision == "bf16" and model.batch_invariant
+
+
+def test_bench_records_say_which_precision_ran():
+    from minigpt.bench import run_bench
+    from minigpt.decoding import Models
+    target = reduce_precision(_model("gpt2"), "int4")
+    records = run_bench(["plain", "prompt_lookup"], models=Models(target), prompts=[[1, 2, 3, 1, 2, 3]],
+                        max_new_tokens=12, repeats=1)
+    assert all(r["precision"] == "int4" and r["batch_invariant"] and r["identical_to_plain_greedy"] for r in records)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
+from ..decoding import Models
 from ..engines import require_llama_cpp
+from ..precision import PRECISIONS
 from ..real.hf import require_transformers
 from .batch import DEFAULT_BATCH_METHODS, report_batch, run_batch_bench
 from .methods import METHODS
@@ -53,8 +55,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads for torch (default 1: the models are tiny, and on a busy machine more "
                          "threads were measured to slow decoding down many times over; 0 = torch's default)")
+    ap.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                    help="the target's (and draft's) weights: fp32 (default), or bf16 / int4 on the batch-invariant "
+                         "path (minigpt.precision; CPU only); every record says which ran")
     args = ap.parse_args(argv)
     try:
+        if args.precision != "fp32" and (args.batch is not None or args.engines or args.peers):
+            raise ValueError(f"--precision {args.precision} goes with the single-sequence race of our own methods")
         names = check_methods(args.methods.split(","))
         dev = check_device(args.device)
         if args.peers:
@@ -89,7 +96,8 @@ def main(argv=None) -> int:
     if cfg["repeats"] < 1 or cfg["max_new_tokens"] < 1 or cfg["n_code"] + cfg["n_edit"] < 1:
         ap.error("repeats, max-new-tokens and the number of prompts must be positive")
     print(f"benchmarking {', '.join(names)} on {dev}: {cfg}", file=sys.stderr)
-    records = run_bench(names, gamma=args.gamma, device=dev, peers=args.peers,
+    models = None if args.precision == "fp32" else Models.shipped(dev, methods=names, precision=args.precision)
+    records = run_bench(names, gamma=args.gamma, device=dev, peers=args.peers, models=models,
                         log=lambda m: print(m, file=sys.stderr), **cfg)
     return report(records, args.json)
 

@@ -190,6 +190,7 @@ def method_record(race: Race, name: str, prompts: list, setup: dict, description
     return dict(
         method=name, description=description, params=params, gamma=params.get("gamma"),
         device=setup["device"], dtype=setup["dtype"], torch_threads=setup["torch_threads"], n_prompts=len(prompts),
+        precision=setup["precision"], batch_invariant=setup["batch_invariant"],
         max_new_tokens=setup["max_new_tokens"], new_tokens=new_tokens, repeats=setup["repeats"],
         target_passes=s.target_passes, draft_passes=s.draft_passes, rounds=s.rounds,
         tokens_per_target_pass=_finite(s.tokens_per_target_pass),
@@ -290,7 +291,9 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
                                           dev, repeat=repeats, warmup=1, log=log, aa="plain")
     race = check_exactness(seconds, results, {n: "llama_plain" for n in engine_fns})
     setup = dict(device=str(dev), dtype=str(next(models.target.parameters()).dtype).replace("torch.", ""),
-                 torch_threads=torch.get_num_threads(), max_new_tokens=max_new_tokens, repeats=repeats)
+                 torch_threads=torch.get_num_threads(), max_new_tokens=max_new_tokens, repeats=repeats,
+                 precision=getattr(models.target, "precision", "fp32"),
+                 batch_invariant=getattr(models.target, "batch_invariant", False))
     records = []
     for n in names:
         theirs = outside.get(n)

@@ -25,11 +25,12 @@ SMOLLM2_BENCH_PRESETS = {"full": dict(per_kind=None, max_new_tokens=256, repeats
                          "quick": dict(per_kind=1, max_new_tokens=32, repeats=2)}
 
 
-def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=None, eagle: bool = True) -> Models:
+def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=None, eagle: bool = True,
+                   precision: str = "fp32") -> Models:
     """:class:`~minigpt.decoding.registry.Models` for SmolLM2 (the "smollm2" family): the model (``target``, or
     loaded) and its tokenizer, the shipped draft, Medusa heads and EAGLE head when present, the depth of the
     self-speculation draft, and ``<|im_end|>`` as the token that ends an answer."""
-    target = load_smollm(device) if target is None else target
+    target = load_smollm(device, precision=precision) if target is None else target
     enc = load_smollm_tokenizer()
     target.tokenizer = enc
     models = Models(target, early_exit_layers=EARLY_EXIT_LAYERS, eos_id=enc.encode_single_token(STOP),
@@ -49,7 +50,8 @@ def main_smollm2(args, prog: str, names: list[str], dev) -> int:
     try:
         prompts = real_prompts(kinds=kinds, per_kind=cfg.pop("per_kind"), split=args.split)
         needs = {n for name in names for n in METHODS[name].needs}
-        models = smollm2_models(dev, draft=True, medusa="medusa_heads" in needs, eagle="eagle_head" in needs)
+        models = smollm2_models(dev, draft=True, medusa="medusa_heads" in needs, eagle="eagle_head" in needs,
+                                precision=args.precision)
         if args.peers:
             models.hf_target = load_hf_smollm(dev)
         engines = None

@@ -51,6 +51,7 @@ def format_table(records: list[dict]) -> str:
                              f"{_verdict(g)}{'' if g['identical_to_plain_greedy'] else '   NOT identical'}")
     lines.append(f"{r0['n_prompts']} prompts, {r0['max_new_tokens']} new tokens each (at most), greedy, "
                  f"{r0['repeats']} repeats (medians), device {r0['device']}, {r0['dtype']}, "
+                 f"weights {r0.get('precision', 'fp32')}{' (batch-invariant path)' if r0.get('batch_invariant') else ''}, "
                  f"{r0['torch_threads']} threads; alpha = accepted / tested drafted tokens (for the tree methods -- "
                  f"tree, medusa, eagle, lookahead, a lookup tree -- accepted / tree levels tested: level acceptance)")
     lines.append("verdict: each round's speedup over plain against plain's A/A noise band (plain timed twice per "

@@ -29,6 +29,7 @@ from ..checkpoint import load_pretrained
 from ..eagle_head import load_eagle
 from ..medusa_heads import load_medusa
 from ..tokenizer import load_tokenizer
+from .auto import Auto
 from .chain import Chain, SelfSpec
 from .eagle import Eagle
 from .lookahead import Lookahead
@@ -62,12 +63,12 @@ class Models:
     family: str = "course"
 
     @classmethod
-    def shipped(cls, device, medusa: bool = False, eagle: bool = False, methods=()) -> "Models":
+    def shipped(cls, device, medusa: bool = False, eagle: bool = False, methods=(), precision: str = "fp32") -> "Models":
         """The course's shipped target and draft on ``device`` (each carrying the course's tokenizer, which the
         vocabulary check compares), its Medusa heads if ``medusa``, its EAGLE head if ``eagle`` or if one of
-        ``methods`` (names) needs them."""
+        ``methods`` (names) needs them; ``precision``: the target's and draft's weights (:mod:`minigpt.precision`)."""
         needs = {n for m in methods if m in METHODS for n in METHODS[m].needs}
-        models = cls(load_pretrained("target", device), load_pretrained("draft", device))
+        models = cls(load_pretrained("target", device, precision), load_pretrained("draft", device, precision))
         models.target.tokenizer = models.draft.tokenizer = load_tokenizer()
         if medusa or "medusa_heads" in needs:
             models.medusa_heads, models.medusa_paths = load_medusa(models.target)
@@ -187,3 +188,19 @@ declare("suffix", Suffix, "suffix trees over the request's own text (in bench --
         "outputs) propose a tree of continuations scored by counts, sized by the match length; no draft model",
         params=dict(max_depth=24, max_spec=24, factor=4.0, offset=2.0, min_prob=0.1))
 
+
+# The speculation controller: each round, whichever of the methods it can run (those whose drafters are loaded)
+# promises the most tokens per second by its own measurements in this generation, plain decoding included.
+AUTO_OPTIONS = {"prompt_lookup": dict(num_pred=32), "suffix": {}, "chain": {}, "eagle": {}}
+
+
+def auto_options(models: Models) -> dict[str, Proposer]:
+    """The controller's options for ``models``: every method of :data:`AUTO_OPTIONS` that is declared and whose
+    drafters are loaded (prompt lookup with up to 32 copied tokens, which the controller cuts to its best length)."""
+    return {name: METHODS[name].make(models, **over) for name, over in AUTO_OPTIONS.items()
+            if name in METHODS and not METHODS[name].missing(models)}
+
+
+declare("auto", Auto, "the speculation controller: each round the option with the most expected tokens per second "
+        "(plain, prompt lookup cut to its best length, a draft chain's gamma, EAGLE's tree), from this generation's "
+        "own measurements", build=lambda m, **p: Auto(auto_options(m), **p), params=dict(gamma_max=8, max_send=32))

@@ -43,7 +43,7 @@ from ..data import cache_dir
 from ..decoding.registry import METHODS, Models
 from ..device import get_device
 from ..model import GPT, GPTConfig
-from ..precision import reduce_precision
+from ..precision import PRECISIONS, reduce_precision
 from .chat import ALIASES, DEFAULT, chat_loop, stream_answer
 from .loaders import CHAT_GAMMA, DRAFTER_FILES, EARLY_EXIT_LAYERS, TRAIN_COMMANDS, load_drafters, smollm2_methods
 
@@ -350,6 +350,9 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1; 0: torch's default)")
     c.add_argument("--stats", action="store_true", help="after each answer: tokens/s, tau and alpha")
     c.add_argument("--device", default=None)
+    c.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 weights on the batch-invariant "
+                        "path, whose speculative output is bitwise its own plain output (CPU only)")
     args = ap.parse_args(argv)
     try:
         if args.command == "fetch":
@@ -387,7 +390,9 @@ def run_chat(args) -> None:
     device = torch.device(args.device) if args.device else get_device()
     if device.type == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
-    model, enc = load_smollm(device), load_smollm_tokenizer()
+    if args.precision != "fp32" and device.type != "cpu":
+        raise ValueError(f"--precision {args.precision} runs PyTorch's CPU kernels: add --device cpu")
+    model, enc = load_smollm(device, precision=args.precision), load_smollm_tokenizer()
     stop = enc.encode_single_token(STOP)
     kw = dict(max_new_tokens=args.max_new_tokens, speculate=args.speculate, temperature=args.temperature,
               seed=args.seed, models=smollm_models(model, enc, args.speculate),
@@ -401,7 +406,9 @@ def run_chat(args) -> None:
         if args.stats:
             print(answer.stats_line())
         return
-    print(f"SmolLM2-135M-Instruct, speculation: {args.speculate}. /quit or Ctrl-D to leave.", flush=True)
+    print(f"SmolLM2-135M-Instruct ({args.precision}"
+          f"{', batch-invariant' if getattr(model, 'batch_invariant', False) else ''}), speculation: {args.speculate}. "
+          "/quit or Ctrl-D to leave.", flush=True)
     chat_loop(model, lambda messages: encode_chat(enc, messages), enc.decode, stop, write=write,
               show_stats=args.stats, **kw)
 
