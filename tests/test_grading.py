@@ -622,7 +622,12 @@ def test_grade_command_survives_bad_notebooks(tmp_path):
     _submission(release, sub / "nan.ipynb", {1: "return float('nan')"}, drop=(3,))
     _submission(release, sub / "dies.ipynb", GOOD, extra={2: "import os\nos._exit(1)"})
     _submission(release, sub / "slow.ipynb", GOOD, extra={2: "import time\ntime.sleep(60)"})
-    _submission(release, sub / "unknown.ipynb", GOOD, source="nan.ipynb")  # no release notebook of that name
+    _submission(release, sub / "unknown.ipynb", GOOD, source="nan.ipynb")  # renamed: its metadata says which
+    bare = nbformat.read(str(sub / "unknown.ipynb"), as_version=4)
+    bare.metadata.pop("minigpt")
+    for cell in bare.cells:
+        cell.metadata.pop("minigpt", None)
+    nbformat.write(bare, str(sub / "stranger.ipynb"))  # no identity, no tags, a name no release has
     (sub / "broken.ipynb").write_text("{ this is not json")
     (sub / "notes.txt").write_text("not a notebook")
     report = tmp_path / "report.json"
@@ -654,7 +659,8 @@ def test_grade_command_survives_bad_notebooks(tmp_path):
     assert "kernel died" in rows["dies.ipynb", "ridge_point"]["status"]
     # invalid JSON, no release: one row each, and the text file is not picked up from a folder
     assert rows["broken.ipynb", "-"]["status"].startswith("invalid notebook")
-    assert rows["unknown.ipynb", "-"]["status"].startswith("not graded: no release notebook unknown.ipynb")
+    assert rows["unknown.ipynb", "decode_flops"]["status"] == "full marks"  # graded as the release it was made from
+    assert rows["stranger.ipynb", "-"]["status"].startswith("not graded: no release notebook matches"), rows
     assert not any(nb == "notes.txt" for nb, _ in rows)
     assert "Total:" in proc.stdout
 
