@@ -34,24 +34,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import quant
 from .cache import KVCache
 from .model import GPT, CausalSelfAttention
+from .quant import int4_groups  # noqa: F401  (re-exported: the Q4_1 recovery the int4 path relies on)
 
 PRECISIONS = ("fp32", "bf16", "int4")
-
-
-def int4_groups(weight: torch.Tensor, group: int = 32):
-    """4-bit integers 0..15 with a step and a minimum per group of ``group`` inputs (Q4_1's layout):
-    (q (N, K) int32, step (N, K / group), minimum (N, K / group)), weight ~ q * step + minimum. On weights
-    dequantised from Q4_1 this recovers the file's own integers (a block's minimum is q = 0, its maximum q = 15)."""
-    N, K = weight.shape
-    if K % group:
-        raise ValueError(f"int4 groups of {group} need an input width divisible by {group}, got {K}")
-    w = weight.reshape(N, K // group, group)
-    lo, hi = w.amin(-1), w.amax(-1)
-    step = ((hi - lo) / 15).clamp(min=1e-12)
-    q = torch.round((w - lo[..., None]) / step[..., None]).clamp(0, 15).to(torch.int32)
-    return q.reshape(N, K), step, lo
 
 
 # Row counts at which a kernel is checked to give every row exactly as a one-row call does.
@@ -90,13 +78,12 @@ def invariant_piece(kind: str, width: int) -> int | None:
     return _invariant_pieces[key]
 
 
-class Bf16Linear(nn.Module):
-    """x @ W.T + b with W in bf16: the input cast to bf16, the products of each ``piece`` of the input dimension
-    (default: all of it) taken in bf16 and summed in fp32 in a fixed order, the output in the input's dtype."""
+class Bf16Linear(quant.Bf16Linear):
+    """:class:`minigpt.quant.Bf16Linear` with a bias, its products taken over each ``piece`` of the input
+    dimension (default: all of it) in bf16 and summed in fp32 in a fixed order."""
 
     def __init__(self, linear: nn.Linear, piece: int | None = None):
-        super().__init__()
-        self.weight = linear.weight.detach().to(torch.bfloat16)
+        super().__init__(linear.weight)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         self.piece = piece or self.weight.shape[1]
 
@@ -110,37 +97,16 @@ class Bf16Linear(nn.Module):
         return y.to(x.dtype)
 
 
-class Int4Linear(nn.Module):
-    """x @ W.T + b with W as 4-bit groups of 32 (:func:`int4_groups`), through torch's weight-only int4 CPU
-    kernel (bf16 input and output; the output is cast back to the input's dtype)."""
+class Int4Linear(quant.Int4Linear):
+    """:class:`minigpt.quant.Int4Linear` (torch's weight-only int4 CPU kernel on groups of 32) with a bias."""
 
     def __init__(self, linear: nn.Linear, group: int = 32):
-        super().__init__()
-        q, step, lo = int4_groups(linear.weight.detach().float().cpu(), group)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # two 4-bit values per byte
-        # torch's convention per group: w = (q - 8) * scale + zero; ours: w = q * step + minimum
-        self.scales_and_zeros = torch.stack([step, lo + 8 * step], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        super().__init__(linear.weight.detach().float().cpu(), group)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
-        self.group, self.out_features = group, linear.weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.packed,
-                                                        self.group, self.scales_and_zeros).float()
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of every tensor the model's passes read as weights (parameters, packed weights, scales)."""
-    seen, total = set(), 0
-    for m in model.modules():
-        tensors = list(m.parameters(recurse=False)) + [t for t in vars(m).values() if isinstance(t, torch.Tensor)]
-        for t in tensors:
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
-    return total
+        y = super().forward(x)
+        return y if self.bias is None else (y.float() + self.bias).to(x.dtype)
 
 
 _last_keys: list = [None, None]  # (mask, start) of the last pass and its key lists: every layer asks the same
