@@ -12,8 +12,8 @@ import torch
 from conftest import random_model
 from minigpt.decoding import decode, generate
 from minigpt.decoding.batch import BatchEngine, PerSequence, Request
-from minigpt.decoding.suffix import (Draft, GlobalTree, Suffix, SuffixTree, cut_to_depth, grow_draft, replay_suffix,
-                                     suffix_generate)
+from minigpt.decoding.suffix import (ROOT, SHARE, WIDE, Draft, GlobalTree, Suffix, SuffixTree, as_dicts, cut_to_depth,
+                                     grow_draft, replay_suffix, suffix_generate)
 from minigpt.exactness import tv_bound, tv_distance
 from minigpt.sampling import SamplingConfig, sample
 
@@ -22,12 +22,12 @@ from minigpt.sampling import SamplingConfig, sample
 
 def walk(tree: SuffixTree):
     """(string, node) for every node but the root."""
-    stack = [((), tree.root)]
+    stack = [((), ROOT)]
     while stack:
         s, node = stack.pop()
-        for t, child in node.children.items():
-            stack.append((s + (t,), child))
-            yield s + (t,), child
+        for c in tree.children(node):
+            stack.append((s + (tree.token[c],), c))
+            yield s + (tree.token[c],), c
 
 
 def occurrences(texts, s) -> int:
@@ -49,7 +49,7 @@ def brute_longest(texts, context, depth) -> int:
 
 
 def dump(tree: SuffixTree) -> dict:
-    return {s: node.count for s, node in walk(tree)}
+    return {s: tree.count[node] for s, node in walk(tree)}
 
 
 def random_texts(rng, k, vocab=4, lo=1, hi=30):
@@ -67,15 +67,17 @@ def test_insert_counts_every_substring_up_to_the_depth():
         nodes = dump(tree)
         assert set(nodes) == substrings(texts, depth)
         assert all(count == occurrences(texts, s) for s, count in nodes.items())
-        assert tree.n_nodes == len(nodes) + 1 and tree.root.count == sum(map(len, texts))
+        assert tree.n_nodes == len(nodes) + 1 and tree.count[ROOT] == sum(map(len, texts))
+        assert all(tree.total[n] == sum(tree.count[c] for c in tree.children(n)) for _, n in walk(tree))
 
 
 def test_a_small_tree_by_hand():
     tree = SuffixTree(4)
     tree.insert([1, 2, 3, 1, 2, 4])
-    assert {t: c.count for t, c in tree.root.children.items()} == {1: 2, 2: 2, 3: 1, 4: 1}
-    node = tree.root.children[1].children[2]
-    assert node.count == 2 and {t: c.count for t, c in node.children.items()} == {3: 1, 4: 1}
+    assert {tree.token[c]: tree.count[c] for c in tree.children(ROOT)} == {1: 2, 2: 2, 3: 1, 4: 1}
+    node = tree.child(tree.child(ROOT, 1), 2)
+    assert tree.count[node] == 2 and {tree.token[c]: tree.count[c] for c in tree.children(node)} == {3: 1, 4: 1}
+    assert as_dicts(tree)[1][2] == {3: {1: {}}, 4: {}}
     assert tree.longest_match([7, 1, 2]) == (2, node)
     assert tree.longest_match([2, 4]) == (0, None)   # [2, 4] and [4] were never followed by anything
 
@@ -130,6 +132,23 @@ def test_remove_undoes_insert_and_the_global_tree_evicts_the_oldest():
         GlobalTree(max_requests=0)
 
 
+def test_a_wide_node_keeps_every_likely_child_at_hand_through_inserts_and_evictions():
+    """likely_children(n, share) must hold every child with at least that share of n's continuations (share >=
+    2 / SHARE) whatever the history; it looks at its short list, not at every child."""
+    rng = random.Random(4)
+    cache = GlobalTree(max_requests=15, max_depth=3)
+    for step in range(120):
+        skew = rng.randrange(1, 5)   # some outputs favour a few tokens: shares rise and fall as they come and go
+        cache.add([min(rng.randrange(60), rng.randrange(60 // skew)) for _ in range(rng.randint(5, 30))])
+        tree = cache.tree
+        wide = [n for n in [ROOT] + [n for _, n in walk(tree)] if len(tree.children(n)) > WIDE]
+        for n in wide:
+            for share in (2 / SHARE, 0.1, 0.3):
+                must = {c for c in tree.children(n) if tree.count[c] >= share * tree.total[n]}
+                assert must <= set(tree.likely_children(n, share)), (step, n, share)
+    assert wide and len(tree.likely_children(ROOT, 0.1)) < len(tree.children(ROOT))
+
+
 # ----- drafts: probabilities from counts, the adaptive budget, the floor ----------------------------------------
 
 def test_draft_probabilities_come_from_the_counts():
@@ -142,7 +161,7 @@ def test_draft_probabilities_come_from_the_counts():
     assert d.probs == pytest.approx([2 / 3, 1 / 3, 1 / 3, 1 / 3]) and d.score == pytest.approx(5 / 3)
     floored = tree.speculate([9, 1, 2], max_spec=10, factor=None, min_prob=0.5)
     assert floored.tokens == [3]
-    path = grow_draft(tree.root.children[1].children[2], 10, 0.0, tree=False)
+    path = grow_draft(tree, tree.child(tree.child(ROOT, 1), 2), 10, 0.0, branching=False)
     assert path.tokens == [3, 5] and path.parents == [-1, 0]
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from ..decoding import DecodeStats
-from ..decoding.suffix import GlobalTree, Suffix, suffix_generate
+from ..decoding.suffix import GlobalTree, suffix_generate
 from ..device import time_rotating_over
 from ..real.streams import KINDS as SMOLLM2_KINDS
 from ..real.streams import smollm2_streams
@@ -183,15 +183,15 @@ def format_stream_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def tree_costs(texts: list[list[int]], sizes, contexts: list[list[int]], max_requests: int | None = None,
+def tree_costs(texts: list[list[int]], sizes, contexts: dict[str, list[list[int]]], max_requests: int | None = None,
                max_depth: int = 24, repeat: int = 5) -> list[dict]:
     """Memory and time of a global tree against the number of requests it was given: for each n in ``sizes``
-    (increasing), the tree after the first n of ``texts`` (capped at ``max_requests``, oldest evicted), its
-    nodes and bytes, the seconds one insert took on average, and the median seconds of one lookup and draft
-    (:meth:`~minigpt.decoding.suffix.SuffixTree.speculate` at the Suffix defaults) over ``contexts``, best of
-    ``repeat``."""
-    defaults = Suffix()
-    args = (defaults.max_spec, defaults.factor, defaults.offset, defaults.min_prob, defaults.tree)
+    (increasing), the tree after the first n of ``texts`` (capped at ``max_requests``, oldest evicted): its
+    nodes and bytes, the mean seconds of one insert so far, and for each named set of ``contexts`` the median
+    seconds of one lookup and draft (:meth:`~minigpt.decoding.suffix.SuffixTree.speculate` with the declared
+    ``suffix`` method's settings; best of ``repeat``) and the mean number of candidates it proposed."""
+    s = METHODS["suffix"].defaults()
+    args = (s["max_spec"], s["factor"], s["offset"], s["min_prob"], True)
     cache = GlobalTree(max_requests or max(sizes), max_depth)
     out, done, insert_s = [], 0, 0.0
     for n in sorted(sizes):
@@ -200,17 +200,21 @@ def tree_costs(texts: list[list[int]], sizes, contexts: list[list[int]], max_req
             cache.add(text)
         insert_s += time.perf_counter() - t0
         done = n
-        lookups = []
-        for ctx in contexts:
-            best = float("inf")
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                cache.tree.speculate(ctx, *args)
-                best = min(best, time.perf_counter() - t0)
-            lookups.append(best)
-        out.append(dict(requests_given=n, requests_held=len(cache), nodes=cache.tree.n_nodes,
-                        bytes=cache.tree.memory_bytes(), insert_s_mean=insert_s / n if n else 0.0,
-                        lookup_s_median=statistics.median(lookups)))
+        row = dict(requests_given=n, requests_held=len(cache), nodes=cache.tree.n_nodes,
+                   bytes=cache.tree.memory_bytes(), insert_s_mean=insert_s / n if n else 0.0)
+        for name, ctxs in contexts.items():
+            times, sizes_ = [], []
+            for ctx in ctxs:
+                best = float("inf")
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    draft = cache.tree.speculate(ctx, *args)
+                    best = min(best, time.perf_counter() - t0)
+                times.append(best)
+                sizes_.append(len(draft.tokens))
+            row[f"lookup_s_{name}"] = statistics.median(times)
+            row[f"candidates_{name}"] = statistics.mean(sizes_)
+        out.append(row)
     return out
 
 

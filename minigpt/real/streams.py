@@ -9,7 +9,9 @@ text with the benchmark's requests (:mod:`minigpt.real.request_sets`) or the cou
 * ``edit``     -- the same edit applied to a series of functions: each answer copies its function from the
   prompt and makes the change the previous answers made;
 * ``followup`` -- a second turn that asks the assistant to restate its earlier answer with a change: the answer
-  repeats the first turn's (in the prompt), in the words the previous follow-ups used.
+  repeats the first turn's (in the prompt), in the words the previous follow-ups used;
+* ``open``     -- the control: open questions on unrelated topics, where neither the request nor earlier answers
+  hold what comes next (where suffix decoding should not help).
 
 The first turns' assistant answers of ``followup`` are written here, not generated, so the requests are fixed.
 """
@@ -19,7 +21,7 @@ from ..prompts import Prompt
 from ..streams import Stream, check_split
 from .smollm import STOP, encode_chat, load_smollm_tokenizer
 
-KINDS = ("json", "edit", "followup")
+KINDS = ("json", "edit", "followup", "open")
 
 _JSON_ASK = ("Text: {}\n\nReturn a JSON object with the keys \"name\", \"age\", \"city\" and \"job\" for the person "
              "in the text above.")
@@ -166,6 +168,16 @@ _FOLLOWUP_TURNS = {
 }
 
 
+_OPEN = {
+    "dev": ["Write a short poem about a lighthouse in winter.", "Why do onions make people cry?",
+            "Suggest a name for a small bookshop and explain it in one sentence.",
+            "What is the difference between a violin and a viola?", "Describe the smell of rain to someone."],
+    "held-out": ["Write a short poem about a fox crossing a snowy field.", "Why do cats knock things off tables?",
+                 "Suggest a name for a bicycle repair shop and explain it in one sentence.",
+                 "What is the difference between a lake and a pond?", "Describe the taste of a lemon to someone."],
+}
+
+
 def stream_messages(kind: str, split: str) -> list[list[dict]]:
     """The chat messages of every request of one stream, in arrival order."""
     check_split(split)
@@ -176,6 +188,8 @@ def stream_messages(kind: str, split: str) -> list[list[dict]]:
     if kind == "followup":
         return [[{"role": "user", "content": q}, {"role": "assistant", "content": a},
                  {"role": "user", "content": _FOLLOWUP_ASK}] for q, a in _FOLLOWUP_TURNS[split]]
+    if kind == "open":
+        return [[{"role": "user", "content": q}] for q in _OPEN[split]]
     raise ValueError(f"unknown stream kind {kind!r}; kinds: {', '.join(KINDS)}")
 
 
