@@ -14,12 +14,15 @@ step after step, so the numbers the speed-up model needs are the ones measured *
 * :func:`costs_in_loop` -- c and r(k) from real decoding: the draft's passes during chain speculation and the
   target's verification passes, over the target's one-token step during plain decoding, interleaved;
 * :func:`pass_contexts` -- single-token passes timed alone, right after a pass of the same model ("warm") or of
-  the other model ("cold"): why a pass timed in isolation gives a different c than the loop.
+  the other model ("cold"): why a pass timed in isolation gives a different c than the loop;
+* :class:`CallTimer` -- while active, times every call of one function (e.g. ``SamplingConfig.probs``, the
+  sampler): what the work around the passes costs inside the loop.
 
     costs = costs_in_loop(target, draft, code_prompts(4))   # {'c': 0.16, 'r': {5: 1.4, ...}, ...}
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -150,3 +153,37 @@ def pass_contexts(target: GPT, draft: GPT, cached: int = 128, repeat: int = 31) 
                 synchronize(model.device)
                 runs[f"{name} after {before}"].append(time.perf_counter() - t0)
     return runs
+
+
+class CallTimer:
+    """Context manager timing every call of ``getattr(owner, name)`` (a function of a class or a module) while
+    active: ``calls`` holds ``(shape of the first tensor argument or None, seconds)`` per call. The function is
+    replaced by a timing wrapper on entry and restored on exit, so everything that calls it through ``owner``
+    (methods through their class) is timed."""
+
+    def __init__(self, owner, name: str):
+        self.owner, self.name, self.calls, self._original = owner, name, [], None
+
+    def __enter__(self) -> "CallTimer":
+        original = self._original = getattr(self.owner, self.name)
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if tensor is not None:
+                synchronize(tensor.device)
+            t0 = time.perf_counter()
+            out = original(*args, **kwargs)
+            if tensor is not None:
+                synchronize(tensor.device)
+            self.calls.append((None if tensor is None else tuple(tensor.shape), time.perf_counter() - t0))
+            return out
+        setattr(self.owner, self.name, timed)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        setattr(self.owner, self.name, self._original)
+
+    def seconds(self) -> float:
+        """The recorded calls' seconds, summed."""
+        return sum(s for _, s in self.calls)

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from minigpt.costs import PassTimer, costs_in_loop, pass_contexts
+from minigpt.costs import CallTimer, PassTimer, costs_in_loop, pass_contexts
+from minigpt.sampling import SamplingConfig
 from minigpt.decoding import DecodeStats, generate, speculative_generate
 
 from conftest import perturbed_copy, random_model
@@ -74,3 +75,23 @@ def test_pass_contexts_times_four_contexts_interleaved():
     assert all(len(v) == 3 and min(v) > 0 for v in runs.values())
     with pytest.raises(ValueError, match="context"):
         pass_contexts(target, draft, cached=target.config.block_size)
+
+
+def test_call_timer_times_the_sampler_inside_the_decoders_and_restores_it():
+    model = random_model(0)
+    original = SamplingConfig.probs
+    st = DecodeStats()
+    with CallTimer(SamplingConfig, "probs") as timer:
+        timed_out = generate(model, list(range(1, 9)), 6, temperature=1.0, top_p=0.9, seed=0, stats=st)
+    assert SamplingConfig.probs is original
+    assert len(timer.calls) == st.target_passes                       # plain sampling: one call per token
+    assert all(shape[-1] == model.config.vocab_size for shape, _ in timer.calls)
+    assert timer.seconds() == sum(s for _, s in timer.calls) > 0
+    # the same sampled text with and without the timer: the wrapper changes nothing
+    assert timed_out == generate(model, list(range(1, 9)), 6, temperature=1.0, top_p=0.9, seed=0)
+    draft = perturbed_copy(model, 0.05, seed=1)
+    spec = DecodeStats()
+    with CallTimer(SamplingConfig, "probs") as timer:
+        speculative_generate(model, draft, list(range(1, 9)), 6, gamma=3, temperature=1.0, seed=0, stats=spec)
+    # speculative sampling: one call per draft pass (the q it samples from), one per verification pass (p)
+    assert len(timer.calls) == spec.draft_passes + spec.target_passes
