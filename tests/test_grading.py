@@ -643,6 +643,9 @@ def test_grade_command_survives_bad_notebooks(tmp_path):
               for e in g["exercises"]}
     cases = detail["raises.ipynb", "weight_bytes"]["cases"]
     assert cases and all("NameError: name 'undefined_name'" in c["received"] for c in cases)
+    # the hint names the error and the learner's line, as the kernel saw it (line 2 of the cell, under the def)
+    assert all(c["hint"] == "NameError at line 2 of your cell, in weight_bytes: `return undefined_name`"
+               for c in cases), [c["hint"] for c in cases]
     status = rows["raises.ipynb", "ridge_point"]["status"]
     assert "no score: the check cell raised NameError" in status and "SyntaxError at line 2" in status, status
     assert rows["raises.ipynb", "ridge_point"]["max"] == EXERCISES["ridge_point"].max_points
