@@ -328,3 +328,14 @@ def test_the_rule_is_checked_a_tree_never_cleared_is_caught(target, monkeypatch)
     by = _twice(target)
     s, local = by["suffix"], by["suffix_local"]
     assert s["tau_by_position"][0] > local["tau_by_position"][0]   # the first request drafted from its own answer
+
+
+def test_the_command_line_runs_a_stream_and_refuses_bad_input_in_one_line(capsys):
+    from minigpt.bench.cli import main
+    assert main(["--stream", "dev", "--methods", "plain,nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown method 'nope'" in err[0]
+    assert main(["--stream", "dev", "--quick", "--n-requests", "2", "--max-new-tokens", "8",
+                 "--methods", "plain,prompt_lookup,suffix"]) == 0
+    out = capsys.readouterr().out
+    assert "course-rename-dev: 2 requests x 8 tokens, 2 repeats" in out and "suffix" in out

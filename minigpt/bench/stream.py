@@ -55,7 +55,8 @@ def check_stream_methods(names) -> list[str]:
     names = [n.strip() for n in names if n.strip()]
     unknown = [n for n in names if n not in METHODS and n not in STREAM_METHODS]
     if unknown:
-        raise ValueError(f"unknown method {unknown[0]!r}; available: {', '.join([*METHODS, *STREAM_METHODS])}")
+        known = ", ".join(dict.fromkeys([*METHODS, *STREAM_METHODS]))
+        raise ValueError(f"unknown method {unknown[0]!r}; available: {known}")
     return ["plain"] + [n for n in dict.fromkeys(names) if n != "plain"]
 
 
@@ -230,8 +231,12 @@ def main_stream(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="3 requests per stream, 32 tokens, 2 repeats (no verdicts)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.n_requests, args.max_new_tokens = args.n_requests or 3, args.max_new_tokens or 32
+        args.repeats = 2
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -252,6 +257,11 @@ def main_stream(argv=None) -> int:
         command = "python -m minigpt.bench.stream " + " ".join(argv if argv is not None else sys.argv[1:])
         Path(args.json).write_text(json.dumps(dict(command=command, records=records), indent=1) + "\n")
     return 0 if all(r["identical_to_plain_greedy"] and r["same_every_repeat"] for r in records) else 1
+
+
+def stream_args(argv: list[str]) -> list[str]:
+    """``python -m minigpt.bench --stream SPLIT ...``'s arguments as :func:`main_stream` takes them."""
+    return ["--split" + a[len("--stream"):] if a.split("=")[0] == "--stream" else a for a in argv]
 
 
 if __name__ == "__main__":
