@@ -339,3 +339,11 @@ def test_the_command_line_runs_a_stream_and_refuses_bad_input_in_one_line(capsys
                  "--methods", "plain,prompt_lookup,suffix"]) == 0
     out = capsys.readouterr().out
     assert "course-rename-dev: 2 requests x 8 tokens, 2 repeats" in out and "suffix" in out
+
+
+def test_a_score_floor_turns_weak_drafts_into_plain_steps():
+    seq = _Seq([5, 6, 7, 5, 6, 8, 5, 6])            # after [5, 6]: 7 once, 8 once
+    draft = Suffix().best_draft(seq)
+    assert draft.tokens and 0 < draft.score
+    assert Suffix(min_score=draft.score).best_draft(seq).tokens == draft.tokens
+    assert Suffix(min_score=draft.score + 0.01).best_draft(seq).tokens == []

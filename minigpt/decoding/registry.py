@@ -182,11 +182,14 @@ declare("eagle", Eagle, "an EAGLE head extrapolates the target's features and gr
         params=dict(depth=6, top_k=4, total_tokens=16), needs=("eagle_head",))
 declare("lookahead", Lookahead, "Jacobi iteration over a window of guesses feeds an n-gram pool; pool candidates are "
         "verified in the same target pass; no draft model", params=dict(window=5, ngram=4, candidates=5))
-# the same defaults for both families: chosen by replaying the development streams of both (minigpt.streams,
-# minigpt.real.streams); across a stream, bench --stream adds the global tree of earlier outputs (bench/stream.py)
+# chosen by replaying each family's development stream (minigpt.streams, minigpt.real.streams) with its measured
+# pass costs: SmolLM2's multi-token passes cost 1.6-1.9 one-token passes on this CPU, so it drafts only what is
+# likely (vLLM's budget, factor 1; a higher floor) and only when a draft expects >= 1.5 accepted tokens. Across a
+# stream, bench --stream adds the global tree of earlier outputs (bench/stream.py)
 declare("suffix", Suffix, "suffix trees over the request's own text (in bench --stream also over earlier requests' "
         "outputs) propose a tree of continuations scored by counts, sized by the match length; no draft model",
-        params=dict(max_depth=24, max_spec=24, factor=4.0, offset=2.0, min_prob=0.1))
+        params=dict(max_depth=24, max_spec=24, factor=4.0, offset=2.0, min_prob=0.1, min_score=0.0),
+        families={"smollm2": dict(factor=1.0, offset=0.0, max_spec=16, min_prob=0.3, min_score=1.5)})
 
 
 # The speculation controller: each round, whichever of the methods it can run (those whose drafters are loaded)
