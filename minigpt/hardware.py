@@ -132,7 +132,8 @@ def forward_time_rounds(passes: dict, cached: int = 0, repeat: int = 5, warmup: 
     """Seconds of ``repeat`` rounds of named passes, ``{name: (model, n_tokens, batch_size)}`` or ``{name: (model,
     n_tokens, batch_size, threads)}``, possibly of different models: each round times every pass once (after
     ``warmup`` untimed passes of it), in order. ``threads``: the CPU threads torch may use for that pass (set
-    before it, and the previous setting restored after the rounds).
+    before it, and the previous setting restored after the rounds); the first pass after a change of thread count
+    gets two more untimed passes, since the thread pool's first operations after a change run slow.
 
     Repeat i of every pass then comes from the same round, so a ratio of two passes can be taken round by round
     (:func:`round_ratio`): a load that slows a whole round slows both of its times and cancels, which the ratio of
@@ -142,10 +143,11 @@ def forward_time_rounds(passes: dict, cached: int = 0, repeat: int = 5, warmup: 
     try:
         for _ in range(repeat):
             for name, (model, n_tokens, batch_size, *threads) in passes.items():
-                if threads and threads[0] is not None:
+                changed = bool(threads) and threads[0] is not None and threads[0] != torch.get_num_threads()
+                if changed:
                     torch.set_num_threads(threads[0])
                 runs[name].append(forward_time(model, n_tokens, batch_size=batch_size, cached=cached, repeat=1,
-                                               warmup=warmup))
+                                               warmup=warmup + 2 * changed))
     finally:
         torch.set_num_threads(before)
     return runs

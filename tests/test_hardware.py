@@ -86,6 +86,21 @@ def test_rounds_set_each_pass_threads_and_restore_them():
     assert seen == [1, 2, 2, 1, 2, 2] and torch.get_num_threads() == before
 
 
+def test_rounds_warm_up_more_after_a_change_of_threads():
+    tiny = hardware.model_of_size("tiny")
+    warmups = []
+    real_forward_time = hardware.forward_time
+    try:
+        hardware.forward_time = lambda *a, **k: warmups.append(k["warmup"]) or 1.0
+        torch.set_num_threads(1)
+        hardware.forward_time_rounds({"a": (tiny, 1, 1, 1), "b": (tiny, 2, 1, 1), "c": (tiny, 1, 1, 2)}, repeat=2,
+                                     warmup=1)
+    finally:
+        hardware.forward_time = real_forward_time
+        torch.set_num_threads(1)
+    assert warmups == [1, 1, 3, 3, 1, 3]
+
+
 def test_round_ratio_takes_ratios_within_rounds():
     # round 3 is slowed 3x for both passes: per-round ratios ignore it, the fastest-of-each ratio would not
     num, den = [2.0, 2.2, 6.0, 2.1, 2.0], [1.0, 1.1, 3.0, 1.05, 1.0]
