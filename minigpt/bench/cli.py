@@ -16,7 +16,7 @@ from .batch import DEFAULT_BATCH_METHODS, report_batch, run_batch_bench
 from .methods import METHODS
 from .run import check_device, check_methods, run_bench
 from .smollm2 import main_smollm2
-from .stream import main_stream, stream_args
+from .stream import main_stream
 from .table import report
 
 DESCRIPTION = "Benchmark every decoding method on the same held-out prompts: ``python -m minigpt.bench``."
@@ -27,7 +27,7 @@ BENCH_PRESETS = {"full": dict(n_code=8, n_edit=4, max_new_tokens=64, repeats=5),
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a.split("=")[0] == "--stream" for a in argv):  # a stream's requests in order: minigpt.bench.stream
-        return main_stream(stream_args(argv))
+        return main_stream(argv)
     ap = argparse.ArgumentParser(prog="python -m minigpt.bench", description=DESCRIPTION)
     ap.add_argument("--quick", action="store_true", help="fewer prompts, tokens and repeats")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
                          "method's speed-up over plain")
     ap.add_argument("--stream", choices=["dev", "held-out"], default=None,
                     help="a stream of similar requests in arrival order (Lesson 14): plain, prompt_lookup, suffix; "
-                         "its options: python -m minigpt.bench.stream --help")
+                         "its options: python -m minigpt.bench --stream dev --help")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads for torch (default 1: the models are tiny, and on a busy machine more "
                          "threads were measured to slow decoding down many times over; 0 = torch's default)")

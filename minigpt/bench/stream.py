@@ -1,4 +1,4 @@
-"""The stream benchmark, ``python -m minigpt.bench --stream``: the requests of a stream
+"""The stream benchmark, ``python -m minigpt.bench --stream dev|held-out``: the requests of a stream
 (:class:`minigpt.streams.Stream`) decoded one after the other in arrival order, every method on the same
 requests, timed interleaved (:func:`minigpt.device.time_rotating_over`, plain timed twice per round as the A/A
 control of :mod:`minigpt.verdict`).
@@ -219,11 +219,12 @@ def tree_costs(texts: list[list[int]], sizes, contexts: dict[str, list[list[int]
     return out
 
 
-def main_stream(argv=None) -> int:
-    """``python -m minigpt.bench.stream`` (also ``python -m minigpt.bench --stream SPLIT``): the stream race on
-    the course pair or SmolLM2, a table on stdout, the records as JSON with ``--json``."""
-    ap = argparse.ArgumentParser(prog="python -m minigpt.bench.stream", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--split", choices=["dev", "held-out"], default="held-out")
+def main_stream(argv: list[str]) -> int:
+    """``python -m minigpt.bench --stream dev|held-out ...`` (``argv``: those arguments): the stream race on the
+    course pair or SmolLM2, a table on stdout, the records as JSON with ``--json`` (with the command line)."""
+    ap = argparse.ArgumentParser(prog="python -m minigpt.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--stream", dest="split", choices=["dev", "held-out"], required=True,
+                    help="the development stream(s), or the held-out one(s)")
     ap.add_argument("--model", choices=["course", "smollm2"], default="course")
     ap.add_argument("--methods", default=",".join(DEFAULT_STREAM_METHODS))
     ap.add_argument("--kinds", default=None, help="smollm2: comma-separated stream kinds (default all)")
@@ -254,15 +255,6 @@ def main_stream(argv=None) -> int:
     records = run_stream_bench(streams, names, models, args.repeats, log=lambda m: print(m, file=sys.stderr))
     print(format_stream_table(records))
     if args.json:
-        command = "python -m minigpt.bench.stream " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python -m minigpt.bench " + " ".join(argv)
         Path(args.json).write_text(json.dumps(dict(command=command, records=records), indent=1) + "\n")
     return 0 if all(r["identical_to_plain_greedy"] and r["same_every_repeat"] for r in records) else 1
-
-
-def stream_args(argv: list[str]) -> list[str]:
-    """``python -m minigpt.bench --stream SPLIT ...``'s arguments as :func:`main_stream` takes them."""
-    return ["--split" + a[len("--stream"):] if a.split("=")[0] == "--stream" else a for a in argv]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main_stream())
