@@ -83,7 +83,7 @@ def _case(fn, texts, context, max_depth, own: bool = False) -> str:
 
 
 @match.case("an empty tree, an empty context, and a context that never occurred: 0", 1,
-            "with nothing to match, the answer is 0")
+            "with nothing to match, the answer is 0", side=True)
 def _empty(fn):
     _case(fn, [], [1, 2, 3], 4)
     _case(fn, [[1, 2, 3]], [], 4)
@@ -134,7 +134,7 @@ def _random(fn):
 
 
 @match.case("leaves the caller's trie and context unchanged", 1,
-            "read them only: node.get(t) does not add a key, node[t] = ... and context.pop() do")
+            "read them only: node.get(t) does not add a key, node[t] = ... and context.pop() do", side=True)
 def _unchanged(fn):
     tree = _tree([[1, 2, 3, 1, 2, 4], [2, 4, 4]], 5)
     for context in ([9, 1, 2], [4, 4, 7]):
