@@ -93,7 +93,7 @@ def split_code_and_prose(source: str) -> list[tuple[str, str]]:
 
 
 @lru_cache(maxsize=None)
-def _held_out_files() -> tuple[tuple[str, str], ...]:
+def held_out_files() -> tuple[tuple[str, str], ...]:
     """(relative path, text) of every validation file, sorted by path."""
     root = stdlib_root()
     out = []
@@ -173,7 +173,7 @@ def _windows(kind: str, prompt_tokens: int, min_prompt_tokens: int, check_tokens
     """Per file, token windows ending at cut points where the next ``check_tokens`` non-space tokens are
     ``kind`` (and, with ``lead_in``, the ``lead_in`` tokens before the cut too)."""
     per_file = []
-    for rel, text in _held_out_files():
+    for rel, text in held_out_files():
         ids, kinds, ends_line, line_no = _tokenized(rel, text)
         cands, last = [], -10**9
         k = np.array(kinds)
@@ -249,7 +249,7 @@ def edit_prompts(n: int = 4, min_function_tokens: int = 30, max_function_tokens:
 def _edit_candidates(min_function_tokens: int, max_function_tokens: int) -> tuple[list[Prompt], ...]:
     enc = load_tokenizer()
     per_file = []
-    for rel, text in _held_out_files():
+    for rel, text in held_out_files():
         try:
             tree = ast.parse(text)
         except SyntaxError:

@@ -3,6 +3,8 @@ batch-invariant path, so speculative greedy output equals the same precision's p
 reduced-precision path does not have that property (SmolLM2, when its file is here)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -156,3 +158,15 @@ def test_bench_records_say_which_precision_ran():
     records = run_bench(["plain", "prompt_lookup"], models=Models(target), prompts=[[1, 2, 3, 1, 2, 3]],
                         max_new_tokens=12, repeats=1)
     assert all(r["precision"] == "int4" and r["batch_invariant"] and r["identical_to_plain_greedy"] for r in records)
+
+
+def test_the_quality_command_writes_a_record(tmp_path, capsys):
+    from minigpt.quality import main
+    out = tmp_path / "q.json"
+    assert main(["--prompts", "2", "--new", "6", "--text-tokens", "300", "--precision", "bf16", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert set(record["results"]) == {"fp32", "bf16"} and record["results"]["bf16"]["prompts"] == 2
+    assert record["text_tokens"] == 300 and record["results"]["bf16"]["batch_invariant"]
+    assert "greedy text identical to fp32" in capsys.readouterr().out
+    assert main(["--precision", "fp8"]) == 2
+    assert "error: precisions come from" in capsys.readouterr().err

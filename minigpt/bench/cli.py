@@ -64,11 +64,13 @@ def main(argv=None) -> int:
                          "threads were measured to slow decoding down many times over; 0 = torch's default)")
     ap.add_argument("--precision", choices=PRECISIONS, default="fp32",
                     help="the target's (and draft's) weights: fp32 (default), or bf16 / int4 on the batch-invariant "
-                         "path (minigpt.precision; CPU only); every record says which ran")
+                         "path (minigpt.precision; CPU only); with --engines, llama.cpp races our methods at this "
+                         "precision in the same runs; every record says which ran")
     args = ap.parse_args(argv)
     try:
-        if args.precision != "fp32" and (args.batch is not None or args.engines or args.peers):
-            raise ValueError(f"--precision {args.precision} goes with the single-sequence race of our own methods")
+        if args.precision != "fp32" and (args.batch is not None or args.peers):
+            raise ValueError(f"--precision {args.precision} goes with the single-sequence race (and --engines), "
+                             "not with --batch or --peers")
         names = check_methods(args.methods.split(","))
         dev = check_device(args.device)
         if args.peers:
