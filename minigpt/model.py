@@ -295,7 +295,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, cache: KVCache | PagedBatch | None = None,
                 position_ids: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
-                return_hidden: bool = False):
+                return_hidden: bool | tuple[int, ...] = False):
         """Score a batch of token sequences.
 
         idx:          (B, T) token ids, appended after the ``cache`` contents if a cache is given.
@@ -305,12 +305,24 @@ class GPT(nn.Module):
                       Every new token always sees the whole cache.
         With a :class:`~minigpt.paged.PagedBatch` the B sequences have their own lengths: position_ids are
         (B, T) and attn_mask may be (B, T, T), one per sequence (see :meth:`PagedBatch.begin`).
-        Returns logits (B, T, vocab_size) at every position, and the final hidden states (B, T, n_embd)
-        after ``ln_f`` when ``return_hidden`` is set.
+        Returns logits (B, T, vocab_size) at every position, and with ``return_hidden`` the final hidden states
+        (B, T, n_embd) after ``ln_f`` -- or, when ``return_hidden`` is a tuple of block numbers, those blocks'
+        outputs side by side (B, T, len * n_embd): what an EAGLE-3 head reads (:meth:`features`).
         """
-        h = self.hidden_states(idx, cache, position_ids, attn_mask)
-        logits = self.lm_head(h)  # (B, T, vocab_size)
-        return (logits, h) if return_hidden else logits
+        if return_hidden is True or return_hidden is False:
+            h = self.hidden_states(idx, cache, position_ids, attn_mask)
+            logits = self.lm_head(h)  # (B, T, vocab_size)
+            return (logits, h) if return_hidden else logits
+        h, states = self.layer_states(idx, return_hidden, cache, position_ids, attn_mask)
+        return self.lm_head(h), torch.cat(states, dim=-1)
+
+    def features(self, idx: torch.Tensor, layers: bool | tuple[int, ...] = True, **kwargs) -> torch.Tensor:
+        """What a drafting head reads at every position of ``idx`` without the output layer: the final hidden
+        states (``layers`` True), or the outputs of the blocks numbered ``layers``, side by side."""
+        if layers is True:
+            return self.hidden_states(idx, **kwargs)
+        _, states = self.layer_states(idx, layers, **kwargs)
+        return torch.cat(states, dim=-1)
 
     def hidden_states(self, idx: torch.Tensor, cache: KVCache | PagedBatch | None = None,
                       position_ids: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:

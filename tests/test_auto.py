@@ -12,7 +12,11 @@ import pytest
 import torch
 
 from conftest import perturbed_copy, random_model
-from minigpt.decoding.auto import PLAIN, Auto, DepthAcceptance, RoundTimes
+from minigpt.decoding.auto import PLAIN, Auto, DepthAcceptance, Memory, RoundTimes
+from minigpt.decoding.candidates import Proposal
+from minigpt.decoding.eagle import Eagle
+from minigpt.decoding.session import Proposer
+from minigpt.eagle_head import EagleHead
 from minigpt.decoding.chain import Chain
 from minigpt.decoding.lookup import Lookup
 from minigpt.decoding.plain import generate
@@ -178,3 +182,84 @@ def test_the_bench_record_of_auto_says_what_it_chose():
     assert sum(c["rounds"] for c in shares.values()) == auto["target_passes"]   # every round is one target pass
     assert abs(sum(c["share"] for c in shares.values()) - 1) < 1e-9
     assert "choices" not in next(r for r in records if r["method"] == "plain")
+
+
+def test_the_machines_measurements_carry_over_to_the_next_generation():
+    """Round times and drafting costs are the machine's: a second controller sharing the Memory starts speculating
+    at once instead of spending its first round on a plain step to measure them; acceptance starts afresh."""
+    target, draft = random_model(0), random_model(1, n_layer=1)
+    clock = FakeClock()
+    clock.charge(target, lambda n: 1.0)
+    clock.charge(draft, lambda n: 0.01)
+    memory = Memory()
+    first = Auto({"chain": Chain(draft, 4)}, clock=clock, memory=memory)
+    decode(target, [1, 2, 3], 20, first)
+    assert first.choices[0][0] == PLAIN and memory.times and "chain" in memory.seconds_per_token
+    second = Auto({"chain": Chain(draft, 4)}, clock=clock, memory=memory)
+    out, _ = decode(target, [4, 5, 6], 20, second)
+    assert second.choices[0][0] == "chain" and out == generate(target, [4, 5, 6], 20)
+    assert second.options[0].acceptance.tested[0] <= 20  # counted in this generation only (decayed counts)
+    memory.clear()
+    third = Auto({"chain": Chain(draft, 4)}, clock=clock, memory=memory)
+    decode(target, [4, 5, 6], 20, third)
+    assert third.choices[0][0] == PLAIN
+
+
+class SitsOut(Proposer):
+    """Plain rounds, except every ``every``-th: there the lazy EAGLE (told of the other rounds through catch_up,
+    as the controller does) and one that reads every round must predict the same root feature."""
+    needs_hidden = True
+    max_width = 1
+
+    def __init__(self, head, every=4):
+        self.lazy, self.eager, self.every, self.rounds, self.compared = Eagle(head), Eagle(head), every, 0, 0
+
+    def start(self, session):
+        self.lazy.start(session)
+        self.eager.start(session)
+
+    def propose(self, session, room):
+        self.rounds += 1
+        self.lazy.catch_up(session)
+        eager = self.eager._catch_up(session)
+        if self.rounds % self.every == 0:
+            lazy = self.lazy._catch_up(session)
+            assert torch.allclose(lazy, eager, atol=1e-5), (lazy - eager).abs().max()
+            assert self.lazy.cache.length == self.eager.cache.length == session.cache.length
+            self.compared += 1
+        return Proposal([session.seq[-1]], [-1])
+
+    def observe(self, proposal, verified):
+        pass
+
+
+def test_eagle_reads_the_rounds_it_sat_out_in_one_pass():
+    target = random_model(0)
+    head = EagleHead(target).eval()
+    passes = []
+    hook = head.register_forward_pre_hook(lambda m, a: passes.append(1))
+    sits = SitsOut(head)
+    out, _ = decode(target, [5, 6, 7, 8, 9], 24, sits)
+    hook.remove()
+    assert out == generate(target, [5, 6, 7, 8, 9], 24) and sits.compared >= 5
+    assert len(passes) == sits.rounds + sits.compared  # the eager head: one pass a round; the lazy one: one per 4
+
+
+def test_copies_are_judged_by_the_length_of_their_match():
+    """Prompt lookup says which n-gram it matched; the controller counts acceptance apart for each n, so a copy
+    after a long match and one after a single token are not averaged into one bet."""
+    target = random_model(0)
+    text = list(range(10, 40))
+    prompt = text + [7] + text[:3]          # 3-gram matches ahead, then the model's own continuation
+    clock = FakeClock()
+    clock.charge(target, lambda n: 1.0)
+    auto = Auto({"lookup": Lookup(3, 16)}, clock=clock)
+    out, _ = decode(target, prompt, 30, auto)
+    assert out == generate(target, prompt, 30)
+    o = auto.options[0]
+    assert set(o.by_match) <= {1, 2, 3} and o.by_match and not o.acceptance.tested  # all counted by match
+    lookup = Lookup(3, 8)
+    lookup.propose(type("S", (), {"seq": [1, 2, 3, 9, 1, 2, 3]})(), 8)
+    assert lookup.last_match == 3
+    lookup.propose(type("S", (), {"seq": [5, 6, 8]})(), 8)
+    assert lookup.last_match == 0

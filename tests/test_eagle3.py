@@ -107,29 +107,20 @@ def test_save_and_load_round_trip(tmp_path):
         load_eagle3(random_model(0, **ARCHS["llama"], n_layer=3), tmp_path / "h.pt")
 
 
-class LayerFeatureEagle(Eagle):
-    """The EAGLE proposer fed the target's chosen layers instead of its final hidden states, recomputed here
-    from the sequence (what the decoding loop would hand an EAGLE-3 head directly)."""
-
-    def _catch_up(self, session):
-        if session.new_hidden is not None:
-            n = session.cache.length
-            feats = self.head.target_features(torch.tensor([session.seq[:n]]))[0]
-            session.new_hidden = feats[n - len(session.new_hidden):]
-        return super()._catch_up(session)
-
-
 def test_the_eagle_proposer_drafts_with_it_and_decoding_stays_exact():
     target = tiny()
     head = Eagle3Head(target).eval()
     prompt = torch.randint(97, (12,), generator=torch.Generator().manual_seed(3)).tolist()
     plain = generate(target, prompt, 20)
-    ids, stats = decode(target, prompt, 20, LayerFeatureEagle(head, depth=3, top_k=2, total_tokens=5))
+    eagle = Eagle(head, depth=3, top_k=2, total_tokens=5)
+    assert eagle.needs_hidden == head.feature_layers  # the loop records those layers in its own passes
+    ids, stats = decode(target, prompt, 20, eagle)
     assert ids == plain and stats.proposed > 0                         # exact, whatever the head proposes
-    # the first chain it proposes is the head's own argmax chain, computed here without a cache
+    # the first chain it proposes is the head's own argmax chain, computed here without a cache from the
+    # target's layers recomputed over the prompt: the features the loop handed it were those layers
     proposals = []
 
-    class Spy(LayerFeatureEagle):
+    class Spy(Eagle):
         def propose(self, session, room):
             p = super().propose(session, room)
             proposals.append(p.tokens)
@@ -178,3 +169,16 @@ def test_chain_summary_counts_leading_hits():
     hits = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1]], dtype=torch.bool)
     s = chain_summary(hits, torch.tensor([True, True, True, False]))
     assert s["agreement_by_depth"] == [round(2 / 3, 4), 0.5, 0.0] and s["chain_tau"] == 1 + 3 / 3
+
+
+def test_a_batch_hands_each_sequence_the_heads_layers():
+    from minigpt.decoding.batch import decode_batch
+    target = tiny("llama", seed=2)
+    head = Eagle3Head(target).eval()
+    prompts = [torch.randint(97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 9, 12)]
+    for share in (False, True):
+        outs, stats, batch = decode_batch(target, [[3, 4, 5] + p for p in prompts], 14,
+                                          Eagle(head, depth=3, top_k=2, total_tokens=5), share_prefix=share,
+                                          block_size=4)
+        assert outs == [generate(target, [3, 4, 5] + p, 14) for p in prompts] and batch.blocks_left == 0
+    assert sum(s.proposed for s in stats) > 0

@@ -10,7 +10,9 @@ highest expected **tokens per second**, from what it has measured in this genera
   in it; widths not seen yet are interpolated (or extrapolated with the slope fitted so far);
 * each drafter's time per drafted token (a draft model's passes), measured while it drafts;
 * each drafter's acceptance at each depth d, p_d = P(token d accepted | tokens 1..d-1 accepted), counted with
-  exponential forgetting, so that a copy-heavy stretch of text is noticed and so is its end.
+  exponential forgetting, so that a copy-heavy stretch of text is noticed and so is its end; for a copying
+  drafter that says how long its match was (prompt lookup's ``last_match``, the n of the n-gram), counted apart
+  for each match length: a copy after a 3-token match is a far better bet than one after a single token.
 
 With those, a chain of k drafted tokens is expected to yield E(k) = 1 + sum_{d<=k} prod_{j<=d} p_j tokens (the
 speed-up model of Lesson 04b, with the measured p_j in place of one alpha) in t_draft(k) + t_round(k + 1)
@@ -22,6 +24,10 @@ seconds, and plain decoding yields 1 token in t_round(1). The options:
 * **any other proposer** (EAGLE's and Medusa's trees, lookup trees, lookahead) is an *arm*: its rate is measured
   as a whole (tokens per round over seconds per round).
 
+What belongs to the machine rather than the text -- the round times and each drafter's cost -- is kept across
+generations in a :class:`Memory` (per torch thread count), so a new request starts from what the last ones
+measured; acceptance belongs to the text, and every generation counts it afresh.
+
 Options that lose are re-tried now and then (after 8 rounds, then 16, 32, ... while they keep losing), so a
 change in the text is found; those probes are the controller's only cost when plain decoding is best.
 ``Auto.choices`` records every round (option, tokens proposed, tokens kept) and :meth:`Auto.summary` how often
@@ -32,6 +38,8 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+
+import torch
 
 from .candidates import Proposal
 from .chain import Chain
@@ -53,6 +61,7 @@ class RoundTimes:
         self._table: list[float] | None = None
 
     def add(self, width: int, seconds: float) -> None:
+        seconds = max(seconds, 1e-9)  # a coarse clock may read 0 for a round
         old = self.by_width.get(width)
         self.by_width[width] = seconds if old is None else old + self.smoothing * (seconds - old)
         self._table = None
@@ -135,11 +144,35 @@ class Option:
     proposer: Proposer
     kind: str
     acceptance: DepthAcceptance = field(default_factory=DepthAcceptance)
+    by_match: dict = field(default_factory=dict)  # cheap: match length -> its own DepthAcceptance
     seconds_per_token: float | None = None   # chain: drafting time per drafted token
     arm_tokens: float | None = None          # arm: tokens per round (moving average)
     arm_seconds: float | None = None         # arm: seconds per round (moving average)
     last_round: int = -1                     # the round it was last taken in
     backoff: int = 8                         # rounds before it is re-tried while it loses
+
+    def acceptance_for(self, match: int | None) -> DepthAcceptance:
+        """The acceptance counted for proposals after a match of this length (None: one count for all)."""
+        return self.acceptance if match is None else self.by_match.setdefault(match, DepthAcceptance())
+
+
+@dataclass
+class Memory:
+    """What the controller keeps across generations on one machine: the round times by pass width (one table per
+    torch thread count, since the thread count changes them), each chain's drafting seconds per token and each
+    arm's seconds per round, by option name. Share one between controllers of the same models (the registry
+    keeps one per :class:`~.registry.Models`); :meth:`clear` forgets it all."""
+    times: dict = field(default_factory=dict)
+    seconds_per_token: dict = field(default_factory=dict)
+    arm_seconds: dict = field(default_factory=dict)
+
+    def round_times(self, smoothing: float) -> RoundTimes:
+        return self.times.setdefault(torch.get_num_threads(), RoundTimes(smoothing))
+
+    def clear(self) -> None:
+        self.times.clear()
+        self.seconds_per_token.clear()
+        self.arm_seconds.clear()
 
 
 def _kind(proposer: Proposer) -> str:
@@ -155,11 +188,12 @@ class Auto(Proposer):
     docstring), plain decoding included. ``options``: name -> proposer (at most one with a draft model, since a
     session keeps one draft cache); ``gamma_max``: the longest chain a draft model is asked for; ``max_send``: the
     most copied tokens sent in one round; ``smoothing``: weight of the newest round in the moving averages;
-    ``clock``: the timer (``time.perf_counter``; tests pass a fake one). Choices follow measured time, so a seeded
-    sampled run is distributed as the target's but not reproducible from its seed alone."""
+    ``clock``: the timer (``time.perf_counter``; tests pass a fake one); ``memory``: the :class:`Memory` to keep
+    the machine's measurements in across generations (default: this controller's own). Choices follow measured
+    time, so a seeded sampled run is distributed as the target's but not reproducible from its seed alone."""
 
     def __init__(self, options: dict[str, Proposer], gamma_max: int = 8, max_send: int = 32, smoothing: float = 0.3,
-                 clock=time.perf_counter):
+                 clock=time.perf_counter, memory: Memory | None = None):
         drafts = {id(p.draft) for p in options.values() if p.draft is not None}
         if len(drafts) > 1:
             raise ValueError("auto: at most one option may use a draft model (a session keeps one draft cache)")
@@ -167,8 +201,13 @@ class Auto(Proposer):
             raise ValueError(f"auto: {PLAIN!r} is always an option; don't pass it")
         self.options = [Option(name, p, _kind(p)) for name, p in options.items()]
         self.gamma_max, self.max_send, self.smoothing, self.clock = gamma_max, max_send, smoothing, clock
+        self.memory = Memory() if memory is None else memory
         self.draft = next((p.draft for p in options.values() if p.draft is not None), None)
-        self.needs_hidden = any(p.needs_hidden for p in options.values())
+        wanted = {p.needs_hidden for p in options.values() if p.needs_hidden}
+        if len(wanted) > 1:
+            raise ValueError(f"auto: the options read different target features ({sorted(map(str, wanted))}); "
+                             "a pass records one kind")
+        self.needs_hidden = wanted.pop() if wanted else False
         widths = [1]
         for o in self.options:
             widths.append(1 + gamma_max if o.kind == "chain" else
@@ -177,19 +216,21 @@ class Auto(Proposer):
         self.reset()
 
     def reset(self) -> None:
-        """Forget every measurement: a new generation starts from scratch."""
-        self.times = RoundTimes(self.smoothing)
+        """A new generation: acceptance counted afresh; round times and drafting costs from :attr:`memory`."""
+        self.times = self.memory.round_times(self.smoothing)
         self.round = 0
         self.choices: list[tuple[str, int, int]] = []  # per round: option, tokens proposed, tokens kept
         self._pending = None  # (option or None, width, t_start, t_drafted) of the round in flight
         self._tokens = 1
         for o in self.options:
-            o.acceptance = DepthAcceptance()
-            o.seconds_per_token = o.arm_tokens = o.arm_seconds = None
+            o.acceptance, o.by_match = DepthAcceptance(), {}
+            o.seconds_per_token = self.memory.seconds_per_token.get(o.name)
+            o.arm_seconds = self.memory.arm_seconds.get(o.name)
+            o.arm_tokens = None
             o.last_round, o.backoff = -1, 8
 
     def start(self, session) -> None:
-        """A new generation: every measurement forgotten, every option started."""
+        """A new generation: every option started, acceptance counted afresh (:meth:`reset`)."""
         self.reset()
         for o in self.options:
             o.proposer.start(session)
@@ -202,7 +243,7 @@ class Auto(Proposer):
     def fork(self) -> "Auto":
         """A copy for another sequence of a batch, with copies of the options (each its own measurements)."""
         twin = copy.copy(self)
-        twin.options = [Option(o.name, o.proposer.fork(), o.kind) for o in self.options]
+        twin.options = [Option(o.name, o.proposer.fork(), o.kind) for o in self.options]  # memory: shared
         return twin
 
     # -- deciding ---------------------------------------------------------------------------------------------
@@ -210,13 +251,13 @@ class Auto(Proposer):
         """Whether a losing option is re-tried this round."""
         return self.round - o.last_round >= o.backoff
 
-    def _best_length(self, o: Option, most: int, draft_cost: float) -> tuple[float, int]:
-        """(expected tokens per second, k) of the best chain length k in 1..most for option ``o``."""
+    def _best_length(self, acceptance: DepthAcceptance, most: int, draft_cost: float) -> tuple[float, int]:
+        """(expected tokens per second, k) of the best chain length k in 1..most under ``acceptance``."""
         best = (0.0, 0)
         times = self.times.table(most + 1)
         if times is None:
             return best
-        for k, e in enumerate(o.acceptance.expected_tokens(most)):
+        for k, e in enumerate(acceptance.expected_tokens(most)):
             if k:
                 best = max(best, (e / (times[k + 1] + draft_cost * k), k))
         return best
@@ -243,10 +284,11 @@ class Auto(Proposer):
                     continue
                 if not prop.is_chain:
                     raise ValueError(f"auto: the cheap option {o.name!r} must propose a chain")
-                rate, k = self._best_length(o, len(prop.candidates), 0.0)
+                match = getattr(o.proposer, "last_match", None)
+                rate, k = self._best_length(o.acceptance_for(match), len(prop.candidates), 0.0)
                 if self._due(o) and rate <= best_rate:
                     rate, k = best_rate * (1 + 1e-9), min(2, len(prop.candidates))  # a probe
-                cheap_proposals[o.name] = (prop, k)
+                cheap_proposals[o.name] = (prop, k, match)
                 if rate > best_rate:
                     best_rate, best = rate, (o, k)
             elif o.kind == "chain":
@@ -254,13 +296,13 @@ class Auto(Proposer):
                 if o.seconds_per_token is None:   # never drafted yet: try a short chain to measure it
                     rate, k = float("inf"), min(2, most)
                 else:
-                    rate, k = self._best_length(o, most, o.seconds_per_token)
+                    rate, k = self._best_length(o.acceptance, most, o.seconds_per_token)
                     if self._due(o) and rate <= best_rate:
                         rate, k = best_rate * (1 + 1e-9), min(2, most)
                 if rate > best_rate:
                     best_rate, best = rate, (o, k)
             else:
-                rate = float("inf") if o.arm_seconds is None else o.arm_tokens / o.arm_seconds
+                rate = float("inf") if o.arm_tokens is None else o.arm_tokens / o.arm_seconds
                 if self._due(o) and rate <= best_rate:
                     rate = best_rate * (1 + 1e-9)
                 if rate > best_rate:
@@ -269,9 +311,8 @@ class Auto(Proposer):
             return self._start(None, Proposal([root], [-1]), now)
         o, k = best
         if o.kind == "cheap":
-            prop, _ = cheap_proposals[o.name]
-            drafted = prop.candidates[:k]
-            return self._start(o, Proposal.chain(root, drafted), now)
+            prop, _, match = cheap_proposals[o.name]
+            return self._start(o, Proposal.chain(root, prop.candidates[:k]), now, match=match)
         if o.kind == "chain":
             o.proposer.gamma = k
             t0 = self.clock()
@@ -281,12 +322,15 @@ class Auto(Proposer):
                 spt = (self.clock() - t0) / n
                 o.seconds_per_token = spt if o.seconds_per_token is None else \
                     o.seconds_per_token + self.smoothing * (spt - o.seconds_per_token)
+                self.memory.seconds_per_token[o.name] = o.seconds_per_token
             return self._start(o, prop, now, drafted_at=self.clock())
         return self._start(o, o.proposer.propose(session, room), now)
 
-    def _start(self, o: Option | None, proposal: Proposal, t_start: float, drafted_at: float | None = None) -> Proposal:
+    def _start(self, o: Option | None, proposal: Proposal, t_start: float, drafted_at: float | None = None,
+               match: int | None = None) -> Proposal:
         width = len(proposal.tokens) + len(proposal.extra_tokens)
         self._pending = (o, width, t_start, drafted_at)
+        self._match = match
         return proposal
 
     # -- learning ---------------------------------------------------------------------------------------------
@@ -299,7 +343,7 @@ class Auto(Proposer):
             return
         o.last_round = self.round
         if o.kind in ("cheap", "chain"):
-            o.acceptance.observe(len(proposal.candidates), kept)
+            o.acceptance_for(self._match).observe(len(proposal.candidates), kept)
         else:
             o.proposer.observe(proposal, verified)
         self._tokens = kept + 1
@@ -311,18 +355,15 @@ class Auto(Proposer):
         o, width, t_start, drafted_at = self._pending
         self._pending = None
         if o is not None and o.kind == "arm":
-            secs, toks = now - t_start, self._tokens
-            if o.arm_seconds is None:
-                o.arm_seconds, o.arm_tokens = secs, toks
-            else:
-                o.arm_seconds += self.smoothing * (secs - o.arm_seconds)
-                o.arm_tokens += self.smoothing * (toks - o.arm_tokens)
+            secs, toks = max(now - t_start, 1e-9), self._tokens
+            o.arm_seconds = secs if o.arm_seconds is None else o.arm_seconds + self.smoothing * (secs - o.arm_seconds)
+            o.arm_tokens = toks if o.arm_tokens is None else o.arm_tokens + self.smoothing * (toks - o.arm_tokens)
+            self.memory.arm_seconds[o.name] = o.arm_seconds
             self._update_backoff(o, toks / secs)
             return
         self.times.add(width, now - (drafted_at if drafted_at is not None else t_start))
         if o is not None:
-            secs = now - t_start
-            self._update_backoff(o, self._tokens / secs)
+            self._update_backoff(o, self._tokens / max(now - t_start, 1e-9))
 
     def _update_backoff(self, o: Option, rate: float) -> None:
         """A probe that lost to plain decoding doubles the wait before the next one; a win resets it."""

@@ -168,17 +168,18 @@ class BatchEngine:
 
     # -- prefill --------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def _prefill(self, model: GPT, table: PagedSequence, ids: list[int]) -> torch.Tensor | None:
-        """Append ``ids`` to ``table``; returns the final hidden states there, (len(ids), C), or None for none."""
+    def _prefill(self, model: GPT, table: PagedSequence, ids: list[int], layers=True) -> torch.Tensor | None:
+        """Append ``ids`` to ``table``; returns what a drafting head reads there (``layers``: True, the final hidden
+        states, (len(ids), C); a tuple of block numbers, those blocks' outputs side by side), or None for none."""
         if not ids:
             return None
-        return model.hidden_states(torch.tensor([ids], device=model.device), cache=PagedBatch([table]))[0]
+        return model.features(torch.tensor([ids], device=model.device), layers, cache=PagedBatch([table]))[0]
 
     def add_prefix(self, ids) -> None:
         """Prefill ``ids`` once; later requests whose prompt starts with them (and is longer) share its blocks."""
         ids = [int(t) for t in ids]
         table = PagedSequence(self.pool)
-        hidden = self._prefill(self.target, table, ids)
+        hidden = self._prefill(self.target, table, ids, self.needs_hidden or True)
         draft_table = None
         if self.draft is not None:
             draft_table = PagedSequence(self.draft_pool)
@@ -213,7 +214,7 @@ class BatchEngine:
         else:
             table = PagedSequence(self.pool)
             draft_table = PagedSequence(self.draft_pool) if self.draft is not None else None
-        hidden.append(self._prefill(self.target, table, ids[start:-1]))
+        hidden.append(self._prefill(self.target, table, ids[start:-1], self.needs_hidden or True))
         if draft_table is not None:
             self._prefill(self.draft, draft_table, ids[start:-1])
         hidden = [h for h in hidden if h is not None]

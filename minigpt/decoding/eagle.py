@@ -38,39 +38,54 @@ class Eagle(Proposer):
             raise ValueError(f"depth, top_k and total_tokens must be at least 1, got {depth}, {top_k}, {total_tokens}")
         self.head, self.depth, self.top_k, self.total_tokens = head, depth, top_k, total_tokens
         self.max_width = 1 + total_tokens
+        # what the head reads from the target: its final hidden states, or (EAGLE-3) the outputs of a low, a
+        # middle and a high layer, which the verification pass records as it runs (GPT.features)
+        layers = getattr(head, "feature_layers", None)
+        self.needs_hidden = tuple(layers) if layers else True
         self.cache = None  # the head's, made per generation by start()
 
     def start(self, session: Progress) -> None:
         """A new generation: a fresh head cache, with room for a round's tree entries beyond the context's
         positions."""
         self.cache = self.head.new_cache(session.target.config.block_size + self.top_k * self.depth)
-        self._caught_up = None  # (cache length, root feature) fed by catch_up() this round
+        self._backlog = []  # (first position, features) the target kept in rounds the head has not read yet
+        self._noted = -1    # the target's cache length when the last round's features were noted
+        self._root = None   # (target cache length, predicted root feature) of the last catch-up
 
-    def _catch_up(self, session: Session) -> torch.Tensor | None:
-        """Feed the head the positions the target cached since the last round; returns the predicted feature at
-        the root (None before any position is cached: a one-token prompt). A proposer used by hand, outside
-        the loops that call :meth:`start`, is started here on first use."""
+    def catch_up(self, session: Progress) -> None:
+        """Note the features the target kept this round, for a round another method made (the speculation
+        controller, :mod:`.auto`, calls this every round): the head reads all the noted rounds in one pass
+        when it next proposes, so the rounds it sits out cost it nothing, and its cache misses no position."""
         if self.cache is None:
             self.start(session)
         f = session.new_hidden
-        if f is None:
-            return None
-        start = session.cache.length - len(f)  # the positions of those features
-        self.cache.crop(start)                 # forget the last round's tree entries
-        tokens = torch.tensor([session.seq[start + 1:start + 1 + len(f)]], device=f.device)
-        return self.head(f[None], tokens, cache=self.cache)[0, -1]
+        if f is not None and self._noted != session.cache.length:
+            self._backlog.append((session.cache.length - len(f), f))
+            self._noted = session.cache.length
 
-    def catch_up(self, session: Session) -> None:
-        """Keep the head up to date in a round another method makes (the speculation controller,
-        :mod:`.auto`, calls it every round): without it the head's cache would miss that round's positions. A
-        :meth:`propose` in the same round reuses what this fed."""
-        self._caught_up = (session.cache.length, self._catch_up(session))
+    def _catch_up(self, session: Session) -> torch.Tensor | None:
+        """Feed the head the positions the target cached since it last read them (this round's and any noted
+        by :meth:`catch_up`), in one pass; returns the predicted feature at the root (None before any position
+        is cached: a one-token prompt). A proposer used by hand, outside the loops that call :meth:`start`, is
+        started here on first use."""
+        self.catch_up(session)
+        backlog, self._backlog = self._backlog, []
+        if not backlog:  # nothing new since the last catch-up (asked twice in one round): the same root
+            return self._root[1] if self._root is not None and self._root[0] == session.cache.length else None
+        start = backlog[0][0]
+        for (a, fa), (b, _) in zip(backlog, backlog[1:]):
+            if a + len(fa) != b:
+                raise RuntimeError(f"eagle: the noted rounds are not contiguous (positions {a}+{len(fa)}, then {b})")
+        f = torch.cat([fb for _, fb in backlog]) if len(backlog) > 1 else backlog[0][1]
+        self.cache.crop(start)  # forget the last tree's entries (and anything past the first unread position)
+        tokens = torch.tensor([session.seq[start + 1:start + 1 + len(f)]], device=f.device)
+        root = self.head(f[None], tokens, cache=self.cache)[0, -1]
+        self._root = (session.cache.length, root)
+        return root
 
     def propose(self, session: Session, room: int) -> Proposal:
         root = session.seq[-1]
-        done = self._caught_up if self.cache is not None else None
-        root_feature = done[1] if done is not None and done[0] == session.cache.length else self._catch_up(session)
-        self._caught_up = None
+        root_feature = self._catch_up(session)
         passes = 1 if root_feature is not None else 0
         if root_feature is None or room < 1:
             return Proposal([root], [-1], draft_passes=passes)

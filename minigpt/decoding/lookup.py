@@ -44,12 +44,19 @@ def ngram_matches(seq, n: int) -> list[int]:
 
 def find_candidates(seq, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1) -> list[int]:
     """The tokens that followed the most recent earlier occurrence of the longest matching suffix n-gram."""
+    return find_match(seq, max_ngram, num_pred, min_ngram)[1]
+
+
+def find_match(seq, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1) -> tuple[int, list[int]]:
+    """(n, candidates): the length of the longest suffix n-gram that occurred before (0: none) and the tokens that
+    followed its most recent earlier occurrence. A longer match is a better bet (the controller, :mod:`.auto`,
+    counts acceptance by n)."""
     for n in range(max_ngram, min_ngram - 1, -1):
         for start in ngram_matches(seq, n):
             cont = list(seq[start + n:start + n + num_pred])
             if cont:
-                return [int(t) for t in cont]
-    return []
+                return n, [int(t) for t in cont]
+    return 0, []
 
 
 def find_candidate_tree(seq, max_ngram: int = 3, num_pred: int = 8, min_ngram: int = 1, max_matches: int = 4):
@@ -107,14 +114,15 @@ class Lookup(Proposer):
             raise ValueError(f"max_pred ({max_pred}) must be at least the starting length num_pred ({num_pred})")
         self.max_ngram, self.num_pred, self.k, self.min_ngram = max_ngram, num_pred, num_pred, min_ngram
         self.adaptive, self.max_pred = adaptive, max_pred
+        self.last_match = 0  # the n of the n-gram the last proposal copied after (0: no match)
         self.max_width = 1 + (max(max_pred, num_pred) if adaptive else num_pred)
 
     def start(self, session: Progress) -> None:
         self.k = self.num_pred  # every generation starts from the first length
 
     def propose(self, session: Session, room: int) -> Proposal:
-        drafted = find_candidates(session.seq, self.max_ngram, self.k, self.min_ngram)[:room]
-        return Proposal.chain(session.seq[-1], drafted)  # copied tokens: deterministic, one-hot q
+        self.last_match, drafted = find_match(session.seq, self.max_ngram, self.k, self.min_ngram)
+        return Proposal.chain(session.seq[-1], drafted[:room])  # copied tokens: deterministic, one-hot q
 
     def observe(self, proposal: Proposal, verified: Verified) -> None:
         if self.adaptive:  # the next length, from this round's outcome only

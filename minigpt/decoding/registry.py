@@ -29,7 +29,7 @@ from ..checkpoint import load_pretrained
 from ..eagle_head import load_eagle
 from ..medusa_heads import load_medusa
 from ..tokenizer import load_tokenizer
-from .auto import Auto
+from .auto import Auto, Memory
 from .chain import Chain, SelfSpec
 from .eagle import Eagle
 from .lookahead import Lookahead
@@ -50,8 +50,9 @@ class Models:
     """What is loaded, for the methods to build their proposers from: the target, a draft, Medusa heads (with the
     heads' tree), an EAGLE head, the depth of the target's own early-exit draft (self-speculation; default a third
     of its layers), transformers' own model of the same weights (for the race against transformers, if it has
-    one), the token that ends an answer (every method stops after it; None: never stop early), and the model
-    ``family`` whose parameter defaults apply ("course": the shipped pair; "smollm2")."""
+    one), the token that ends an answer (every method stops after it; None: never stop early), the model
+    ``family`` whose parameter defaults apply ("course": the shipped pair; "smollm2"), and ``memory``: what a
+    method keeps across generations of these models (the controller's round times, :class:`~.auto.Memory`)."""
     target: torch.nn.Module
     draft: torch.nn.Module | None = None
     medusa_heads: torch.nn.Module | None = None
@@ -61,6 +62,8 @@ class Models:
     hf_target: object | None = None
     eos_id: int | None = None
     family: str = "course"
+    # what methods keep across generations of these models on this machine (the controller's Memory)
+    memory: dict = field(default_factory=dict)
 
     @classmethod
     def shipped(cls, device, medusa: bool = False, eagle: bool = False, methods=(), precision: str = "fp32") -> "Models":
@@ -206,4 +209,6 @@ def auto_options(models: Models) -> dict[str, Proposer]:
 
 declare("auto", Auto, "the speculation controller: each round the option with the most expected tokens per second "
         "(plain, prompt lookup cut to its best length, a draft chain's gamma, EAGLE's tree), from this generation's "
-        "own measurements", build=lambda m, **p: Auto(auto_options(m), **p), params=dict(gamma_max=8, max_send=32))
+        "own measurements (round times and drafting costs kept across generations)",
+        build=lambda m, **p: Auto(auto_options(m), memory=m.memory.setdefault("auto", Memory()), **p),
+        params=dict(gamma_max=8, max_send=32))

@@ -127,18 +127,21 @@ class Settings:
 
 
 @torch.no_grad()
-def prefill(model: GPT, cache: KVCache, idx: torch.Tensor, return_hidden: bool = False):
+def prefill(model: GPT, cache: KVCache, idx: torch.Tensor, return_hidden: bool | tuple[int, ...] = False):
     """Run every prompt token but the last through ``model`` in one pass, filling ``cache``.
 
     The last prompt token is left for the first decoding pass (the cache invariant of the module docstring).
     Only keys and values are needed, so the output layer is skipped (``hidden_states``): with a large vocabulary
     it would cost more than the rest of the pass (SmolLM2: 49152 x 576 weights per prompt token). With
     ``return_hidden``, returns the final hidden states at the prefilled positions, (T - 1, C) (None for a
-    one-token prompt): what Medusa heads and EAGLE read."""
+    one-token prompt): what Medusa heads and EAGLE read; with a tuple of block numbers, those blocks' outputs side by
+    side (:meth:`~minigpt.model.GPT.features`: EAGLE-3)."""
     if idx.shape[1] < 2:
         return None
-    h = model.hidden_states(idx[:, :-1], cache=cache)
-    return h[0] if return_hidden else None
+    if return_hidden is False:
+        model.hidden_states(idx[:, :-1], cache=cache)
+        return None
+    return model.features(idx[:, :-1], return_hidden, cache=cache)[0]
 
 
 def trim(out: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
@@ -187,7 +190,8 @@ class Proposer:
     ``needs_hidden`` the session keeps ``session.new_hidden``, the target's final hidden states at the
                      positions the last pass added to the cache (the prefill's, then each round's root and
                      accepted nodes: EAGLE reads them), and ``session.hidden``, the last of them, at the position
-                     before the root (Medusa's heads read it);
+                     before the root (Medusa's heads read it); a tuple of block numbers instead of True keeps
+                     those blocks' outputs side by side (an EAGLE-3 head's low, middle and high layers);
     ``speculative``  False for plain decoding: its passes are not draft-then-verify rounds in the statistics;
     ``max_width``    the most tokens one of its passes feeds the target (root included): the KV cache keeps that
                      much room beyond the context, since near the end of the context a tree's nodes may
@@ -198,7 +202,7 @@ class Proposer:
                      (a draft chain, a draft tree); False: each sequence drafts on its own (nothing to batch, or a
                      drafter that works per sequence), and only the target's pass is shared."""
     draft: GPT | None = None
-    needs_hidden: bool = False
+    needs_hidden: bool | tuple[int, ...] = False
     speculative: bool = True
     max_width: int = 64
     rule: Callable[[SamplingConfig, torch.Generator | None], Rule] | None = None
@@ -289,7 +293,7 @@ class Session(Progress):
 
     def __init__(self, target: GPT, prompt, max_new_tokens: int, sampling: SamplingConfig | None = None,
                  seed: int | None = None, eos_id: int | None = None, stats: DecodeStats | None = None,
-                 on_tokens=None, draft: GPT | None = None, needs_hidden: bool = False,
+                 on_tokens=None, draft: GPT | None = None, needs_hidden: bool | tuple[int, ...] = False,
                  rule: Callable[[SamplingConfig, torch.Generator | None], Rule] | None = None, max_width: int = 64,
                  proposer: Proposer | None = None):
         if proposer is not None:
