@@ -170,3 +170,11 @@ def test_the_quality_command_writes_a_record(tmp_path, capsys):
     assert "greedy text identical to fp32" in capsys.readouterr().out
     assert main(["--precision", "fp8"]) == 2
     assert "error: precisions come from" in capsys.readouterr().err
+
+
+def test_int4_keeps_the_output_layer_at_8_bits():
+    from minigpt.precision import Int4Linear, Int8Linear
+    model = reduce_precision(_model("gpt2"), "int4")
+    assert isinstance(model.lm_head, Int8Linear) and model.batch_invariant
+    assert all(isinstance(m, Int4Linear) for m in model.transformer.modules() if type(m).__name__.endswith("Linear"))
+    assert invariant_piece("int8", 64) == 64
