@@ -257,7 +257,9 @@ def test_copies_are_judged_by_the_length_of_their_match():
     out, _ = decode(target, prompt, 30, auto)
     assert out == generate(target, prompt, 30)
     o = auto.options[0]
-    assert set(o.by_match) <= {1, 2, 3} and o.by_match and not o.acceptance.tested  # all counted by match
+    assert set(o.by_match) <= {1, 2, 3} and o.by_match  # counted by match length
+    assert all(a.parent is o.acceptance for a in o.by_match.values())   # each starting from the count over all
+    assert o.acceptance.tested[0] >= max(a.tested[0] for a in o.by_match.values())
     lookup = Lookup(3, 8)
     lookup.propose(type("S", (), {"seq": [1, 2, 3, 9, 1, 2, 3]})(), 8)
     assert lookup.last_match == 3

@@ -178,3 +178,4 @@ def test_int4_keeps_the_output_layer_at_8_bits():
     assert isinstance(model.lm_head, Int8Linear) and model.batch_invariant
     assert all(isinstance(m, Int4Linear) for m in model.transformer.modules() if type(m).__name__.endswith("Linear"))
     assert invariant_piece("int8", 64) == 64
+

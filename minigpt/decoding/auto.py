@@ -20,13 +20,19 @@ seconds, and plain decoding yields 1 token in t_round(1). The options:
 
 * **copying drafters** (prompt lookup, suffix decoding: ``cheap = True``): their proposal costs next to nothing,
   so the controller makes it first and then decides how many of its tokens to send, k = 0 (a plain step) .. all;
+* **scored drafters** (suffix decoding's tree, ``scored = True``): also free to propose, and each proposal says
+  how many tokens it expects accepted (``last_score``, from its counts); the controller sends the tree when
+  1 + calibration x score tokens in t(width) beat the other options, the calibration being the measured
+  accepted / score (a moving average);
 * **draft chains** (:class:`~.chain.Chain`): the controller picks gamma (0 .. ``gamma_max``) before drafting;
 * **any other proposer** (EAGLE's and Medusa's trees, lookup trees, lookahead) is an *arm*: its rate is measured
   as a whole (tokens per round over seconds per round).
 
 What belongs to the machine rather than the text -- the round times and each drafter's cost -- is kept across
 generations in a :class:`Memory` (per torch thread count), so a new request starts from what the last ones
-measured; acceptance belongs to the text, and every generation counts it afresh.
+measured. Acceptance belongs to the text: a generation starts from the last one's p_d (and an arm's tokens per
+round, and how long a losing option waits before it is re-tried) only as a prior worth two observations per
+depth, which its own rounds outweigh within a few rounds.
 
 Options that lose are re-tried now and then (after 8 rounds, then 16, 32, ... while they keep losing), so a
 change in the text is found; those probes are the controller's only cost when plain decoding is best.
@@ -48,6 +54,7 @@ from .session import Proposer, Session
 from .verify import Verified
 
 PLAIN = "plain"
+MATCH_CAP = 8  # match lengths from here on share one count (suffix decoding's matches reach 20 tokens and more)
 
 
 class RoundTimes:
@@ -101,18 +108,21 @@ class RoundTimes:
 @dataclass
 class DepthAcceptance:
     """p_d = P(drafted token d accepted | tokens 1..d-1 accepted), from counts that decay by ``decay`` at each
-    observation, with a prior of ``prior`` worth ``prior_weight`` observations."""
+    observation, with a prior of ``prior`` worth ``prior_weight`` observations -- or, with a ``parent``, the
+    parent's p_d as the prior (a count for one match length starts from the count over all of them)."""
     decay: float = 0.9
     prior: float = 0.5
     prior_weight: float = 1.0
     accepted: list[float] = field(default_factory=list)
     tested: list[float] = field(default_factory=list)
+    parent: "DepthAcceptance | None" = None
 
     def p(self, depth: int) -> float:
         i = depth - 1
         a = self.accepted[i] if i < len(self.accepted) else 0.0
         n = self.tested[i] if i < len(self.tested) else 0.0
-        return (a + self.prior * self.prior_weight) / (n + self.prior_weight)
+        prior = self.prior if self.parent is None else self.parent.p(depth)
+        return (a + prior * self.prior_weight) / (n + self.prior_weight)
 
     def observe(self, proposed: int, accepted: int) -> None:
         """A chain of ``proposed`` tokens of which the first ``accepted`` stood (depths 1..accepted accepted, the
@@ -124,6 +134,15 @@ class DepthAcceptance:
         for i in range(tested):
             self.tested[i] = self.decay * self.tested[i] + 1.0
             self.accepted[i] = self.decay * self.accepted[i] + float(i < accepted)
+
+    def carried(self, weight: float = 2.0, parent: "DepthAcceptance | None" = None) -> "DepthAcceptance":
+        """A prior for the next generation: the same p_d, each depth worth at most ``weight`` observations."""
+        out = DepthAcceptance(self.decay, self.prior, self.prior_weight, parent=parent)
+        for a, n in zip(self.accepted, self.tested):
+            scale = min(1.0, weight / n) if n > 0 else 0.0
+            out.accepted.append(a * scale)
+            out.tested.append(n * scale)
+        return out
 
     def expected_tokens(self, k: int) -> list[float]:
         """E(0..k): the tokens a round yields with a chain of 0..k drafted tokens (the target's own included)."""
@@ -147,37 +166,51 @@ class Option:
     by_match: dict = field(default_factory=dict)  # cheap: match length -> its own DepthAcceptance
     seconds_per_token: float | None = None   # chain: drafting time per drafted token
     arm_tokens: float | None = None          # arm: tokens per round (moving average)
+    calibration: float = 1.0                 # scored: accepted tokens / the proposal's own score (moving average)
     arm_seconds: float | None = None         # arm: seconds per round (moving average)
     last_round: int = -1                     # the round it was last taken in
     backoff: int = 8                         # rounds before it is re-tried while it loses
 
     def acceptance_for(self, match: int | None) -> DepthAcceptance:
-        """The acceptance counted for proposals after a match of this length (None: one count for all)."""
-        return self.acceptance if match is None else self.by_match.setdefault(match, DepthAcceptance())
+        """The acceptance counted for proposals after a match of this length (None: the count over all of them,
+        which is each match length's prior)."""
+        if match is None:
+            return self.acceptance
+        if match not in self.by_match:
+            self.by_match[match] = DepthAcceptance(parent=self.acceptance)
+        return self.by_match[match]
 
 
 @dataclass
 class Memory:
     """What the controller keeps across generations on one machine: the round times by pass width (one table per
     torch thread count, since the thread count changes them), each chain's drafting seconds per token and each
-    arm's seconds per round, by option name. Share one between controllers of the same models (the registry
-    keeps one per :class:`~.registry.Models`); :meth:`clear` forgets it all."""
+    arm's seconds per round, by option name; and, as priors for the next generation, the last generation's
+    acceptance (by option and match length), each arm's tokens per round and each option's back-off. Share one
+    between controllers of the same models (the registry keeps one per :class:`~.registry.Models`);
+    :meth:`clear` forgets it all."""
     times: dict = field(default_factory=dict)
     seconds_per_token: dict = field(default_factory=dict)
     arm_seconds: dict = field(default_factory=dict)
+    arm_tokens: dict = field(default_factory=dict)
+    acceptance: dict = field(default_factory=dict)   # (option, match length or None) -> DepthAcceptance
+    backoff: dict = field(default_factory=dict)
+    calibration: dict = field(default_factory=dict)
 
     def round_times(self, smoothing: float) -> RoundTimes:
         return self.times.setdefault(torch.get_num_threads(), RoundTimes(smoothing))
 
     def clear(self) -> None:
-        self.times.clear()
-        self.seconds_per_token.clear()
-        self.arm_seconds.clear()
+        for d in (self.times, self.seconds_per_token, self.arm_seconds, self.arm_tokens, self.acceptance, self.backoff,
+                  self.calibration):
+            d.clear()
 
 
 def _kind(proposer: Proposer) -> str:
     if getattr(proposer, "cheap", False) or isinstance(proposer, Lookup):
         return "cheap"
+    if getattr(proposer, "scored", False):
+        return "scored"
     if isinstance(proposer, Chain):
         return "chain"
     return "arm"
@@ -216,18 +249,23 @@ class Auto(Proposer):
         self.reset()
 
     def reset(self) -> None:
-        """A new generation: acceptance counted afresh; round times and drafting costs from :attr:`memory`."""
+        """A new generation: round times and drafting costs from :attr:`memory`; acceptance, an arm's tokens per
+        round and the back-offs from it as priors (:meth:`DepthAcceptance.carried`)."""
         self.times = self.memory.round_times(self.smoothing)
         self.round = 0
         self.choices: list[tuple[str, int, int]] = []  # per round: option, tokens proposed, tokens kept
         self._pending = None  # (option or None, width, t_start, t_drafted) of the round in flight
         self._tokens = 1
         for o in self.options:
-            o.acceptance, o.by_match = DepthAcceptance(), {}
-            o.seconds_per_token = self.memory.seconds_per_token.get(o.name)
-            o.arm_seconds = self.memory.arm_seconds.get(o.name)
-            o.arm_tokens = None
-            o.last_round, o.backoff = -1, 8
+            m = self.memory
+            o.acceptance = m.acceptance[o.name, None].carried() if (o.name, None) in m.acceptance else DepthAcceptance()
+            o.by_match = {match: a.carried(parent=o.acceptance) for (name, match), a in m.acceptance.items()
+                          if name == o.name and match is not None}
+            o.seconds_per_token = m.seconds_per_token.get(o.name)
+            o.arm_seconds = m.arm_seconds.get(o.name)
+            o.arm_tokens = m.arm_tokens.get(o.name)
+            o.last_round, o.backoff = -1, m.backoff.get(o.name, 8)
+            o.calibration = m.calibration.get(o.name, 1.0)
 
     def start(self, session) -> None:
         """A new generation: every option started, acceptance counted afresh (:meth:`reset`)."""
@@ -236,8 +274,17 @@ class Auto(Proposer):
             o.proposer.start(session)
 
     def finish(self, progress) -> None:
-        """The generation ended: every option hears it (suffix decoding keeps the output for later requests)."""
+        """The generation ended: what it measured goes to :attr:`memory` as the next generation's priors, and every
+        option hears it (suffix decoding keeps the output for later requests)."""
         for o in self.options:
+            if o.acceptance.tested:
+                self.memory.acceptance[o.name, None] = o.acceptance
+            for match, a in o.by_match.items():
+                self.memory.acceptance[o.name, match] = a
+            if o.arm_tokens is not None:
+                self.memory.arm_tokens[o.name] = o.arm_tokens
+            self.memory.backoff[o.name] = o.backoff
+            self.memory.calibration[o.name] = o.calibration
             o.proposer.finish(progress)
 
     def fork(self) -> "Auto":
@@ -245,6 +292,18 @@ class Auto(Proposer):
         twin = copy.copy(self)
         twin.options = [Option(o.name, o.proposer.fork(), o.kind) for o in self.options]  # memory: shared
         return twin
+
+    def propose_batch(self, seqs, rooms) -> list[Proposal]:
+        """Each sequence's own copy decides; then every copy books this round at the batch's widest proposal: the
+        batch's pass is padded to it, so the table of round time by width holds what a batch round that wide
+        costs, whichever sequence made it wide (the copies share it through :attr:`memory`)."""
+        proposals = super().propose_batch(seqs, rooms)
+        widest = max(len(p.tokens) + len(p.extra_tokens) for p in proposals)
+        for s in seqs:
+            pending = getattr(s.proposer, "_pending", None)
+            if pending is not None:
+                s.proposer._pending = (pending[0], widest, *pending[2:])
+        return proposals
 
     # -- deciding ---------------------------------------------------------------------------------------------
     def _due(self, o: Option) -> bool:
@@ -285,12 +344,24 @@ class Auto(Proposer):
                 if not prop.is_chain:
                     raise ValueError(f"auto: the cheap option {o.name!r} must propose a chain")
                 match = getattr(o.proposer, "last_match", None)
+                match = None if match is None else min(match, MATCH_CAP)
                 rate, k = self._best_length(o.acceptance_for(match), len(prop.candidates), 0.0)
                 if self._due(o) and rate <= best_rate:
                     rate, k = best_rate * (1 + 1e-9), min(2, len(prop.candidates))  # a probe
                 cheap_proposals[o.name] = (prop, k, match)
                 if rate > best_rate:
                     best_rate, best = rate, (o, k)
+            elif o.kind == "scored":
+                prop = o.proposer.propose(session, room)
+                if len(prop.candidates) == 0:
+                    continue
+                width = len(prop.tokens) + len(prop.extra_tokens)
+                rate = (1 + o.calibration * o.proposer.last_score) / self.times(width)
+                if self._due(o) and rate <= best_rate:
+                    rate = best_rate * (1 + 1e-9)  # a probe
+                cheap_proposals[o.name] = (prop, None, o.proposer.last_score)
+                if rate > best_rate:
+                    best_rate, best = rate, (o, None)
             elif o.kind == "chain":
                 most = min(self.gamma_max, room)
                 if o.seconds_per_token is None:   # never drafted yet: try a short chain to measure it
@@ -313,6 +384,10 @@ class Auto(Proposer):
         if o.kind == "cheap":
             prop, _, match = cheap_proposals[o.name]
             return self._start(o, Proposal.chain(root, prop.candidates[:k]), now, match=match)
+        if o.kind == "scored":
+            prop, _, score = cheap_proposals[o.name]
+            self._score = score
+            return self._start(o, prop, now)
         if o.kind == "chain":
             o.proposer.gamma = k
             t0 = self.clock()
@@ -342,8 +417,14 @@ class Auto(Proposer):
         if o is None:
             return
         o.last_round = self.round
-        if o.kind in ("cheap", "chain"):
-            o.acceptance_for(self._match).observe(len(proposal.candidates), kept)
+        if o.kind == "scored":
+            ratio = kept / max(self._score, 1e-9)
+            o.calibration += self.smoothing * (min(ratio, 4.0) - o.calibration)
+            o.proposer.observe(proposal, verified)
+        elif o.kind in ("cheap", "chain"):
+            o.acceptance.observe(len(proposal.candidates), kept)   # over all match lengths
+            if self._match is not None:
+                o.acceptance_for(self._match).observe(len(proposal.candidates), kept)
         else:
             o.proposer.observe(proposal, verified)
         self._tokens = kept + 1

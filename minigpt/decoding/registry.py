@@ -191,7 +191,7 @@ declare("lookahead", Lookahead, "Jacobi iteration over a window of guesses feeds
 # stream, bench --stream adds the global tree of earlier outputs (bench/stream.py)
 declare("suffix", Suffix, "suffix trees over the request's own text (in bench --stream also over earlier requests' "
         "outputs) propose a tree of continuations scored by counts, sized by the match length; no draft model",
-        params=dict(max_depth=24, max_spec=24, factor=4.0, offset=2.0, min_prob=0.1, min_score=0.0),
+        params=dict(max_depth=24, max_spec=24, factor=4.0, offset=2.0, min_prob=0.1, min_score=0.0, tree=True),
         families={"smollm2": dict(factor=1.0, offset=0.0, max_spec=16, min_prob=0.3, min_score=1.5)})
 
 
@@ -202,7 +202,8 @@ AUTO_OPTIONS = {"prompt_lookup": dict(num_pred=32), "suffix": {}, "chain": {}, "
 
 def auto_options(models: Models) -> dict[str, Proposer]:
     """The controller's options for ``models``: every method of :data:`AUTO_OPTIONS` that is declared and whose
-    drafters are loaded (prompt lookup with up to 32 copied tokens, which the controller cuts to its best length)."""
+    drafters are loaded (prompt lookup with up to 32 copied tokens, which the controller cuts to its best length;
+    suffix decoding's tree, which it sends or not by the tree's own expected acceptance, calibrated as it goes)."""
     return {name: METHODS[name].make(models, **over) for name, over in AUTO_OPTIONS.items()
             if name in METHODS and not METHODS[name].missing(models)}
 
