@@ -309,7 +309,7 @@ class GPT(nn.Module):
         (B, T, n_embd) after ``ln_f`` -- or, when ``return_hidden`` is a tuple of block numbers, those blocks'
         outputs side by side (B, T, len * n_embd): what an EAGLE-3 head reads (:meth:`features`).
         """
-        if return_hidden is True or return_hidden is False:
+        if isinstance(return_hidden, bool):
             h = self.hidden_states(idx, cache, position_ids, attn_mask)
             logits = self.lm_head(h)  # (B, T, vocab_size)
             return (logits, h) if return_hidden else logits

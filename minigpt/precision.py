@@ -11,9 +11,9 @@ bitwise equal for every k. Each part that reduces is made shape-independent:
 
 * **linear layers** run through kernels whose per-row reduction order does not depend on the number of rows,
   checked on the running build by :func:`invariant_piece`: PyTorch's weight-only int4 and int8 CPU kernels, and
-  its bf16 matmul over slices of the input dimension narrow enough (on a CPU a bf16 matmul over 1536 inputs changes its
-  order with the row count; over 512 it does not), summed in fp32 in a fixed order. An fp32 matmul is *not*
-  row-invariant: one row goes through a matrix-vector kernel;
+  its bf16 matmul over slices of the input dimension narrow enough (on a CPU a bf16 matmul over 1536 inputs
+  changes its order with the row count; over 512 it does not), summed in fp32 in a fixed order. An fp32 matmul
+  is *not* row-invariant: one row goes through a matrix-vector kernel;
 * **attention** (:class:`InvariantAttention`) reduces every query over a key axis whose length depends only on
   that query's own position (rounded up to a multiple of ``bucket``), with its keys laid out from position 0
   in order; a token tree's node gathers its ancestors' keys into that layout. Positions beyond the query's
@@ -60,7 +60,7 @@ def _rows_agree(fn, width: int, g: torch.Generator) -> bool:
 
 def invariant_piece(kind: str, width: int) -> int | None:
     """The widest slice of the input dimension (``width`` itself, else for bf16 a divisor that is a multiple of 32)
-    over which this build's ``kind`` kernel ("bf16" matmul, "int4" or "int8") reduces every row the same way whatever
+    over which this build's ``kind`` kernel ("bf16" matmul, "int4", "int8") reduces every row the same way whatever
     the number of rows; None if no slice does. Checked once per (kind, width) on random data: a bf16 matmul on
     a CPU, for one, changes its reduction order with the row count above some input widths."""
     key = (kind, width)
@@ -72,8 +72,7 @@ def invariant_piece(kind: str, width: int) -> int | None:
         for piece in pieces:
             w = nn.Linear(piece, 64, bias=False)
             nn.init.normal_(w.weight, generator=g)
-            layer = {"bf16": lambda: Bf16Linear(w, piece), "int4": lambda: Int4Linear(w),
-                     "int8": lambda: Int8Linear(w)}[kind]()
+            layer = _layer(kind, w, piece)
             if _rows_agree(layer, piece, g):
                 _invariant_pieces[key] = piece
                 break
@@ -99,29 +98,39 @@ class Bf16Linear(quant.Bf16Linear):
         return y.to(x.dtype)
 
 
-class Int8Linear(quant.Int8Linear):
+class _Bias:
+    """The bias of the linear layer a weight-only kernel replaced, added in fp32 after the kernel."""
+
+    def _keep_bias(self, linear: nn.Linear) -> None:
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return y if self.bias is None else (y.float() + self.bias).to(x.dtype)
+
+
+class Int8Linear(_Bias, quant.Int8Linear):
     """:class:`minigpt.quant.Int8Linear` (torch's weight-only int8 CPU kernel, one scale per output row, bf16
     input) with a bias: the output layer of the "int4" path."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__(linear.weight.detach().float().cpu())
-        self.bias = None if linear.bias is None else linear.bias.detach().float()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = super().forward(x)
-        return y if self.bias is None else (y.float() + self.bias).to(x.dtype)
+        self._keep_bias(linear)
 
 
-class Int4Linear(quant.Int4Linear):
+class Int4Linear(_Bias, quant.Int4Linear):
     """:class:`minigpt.quant.Int4Linear` (torch's weight-only int4 CPU kernel on groups of 32) with a bias."""
 
     def __init__(self, linear: nn.Linear, group: int = 32):
         super().__init__(linear.weight.detach().float().cpu(), group)
-        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        self._keep_bias(linear)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = super().forward(x)
-        return y if self.bias is None else (y.float() + self.bias).to(x.dtype)
+
+def _layer(kind: str, linear: nn.Linear, piece: int | None) -> nn.Module:
+    """``linear`` through the ``kind`` kernel ("bf16" summed in slices of ``piece`` inputs, "int4", "int8")."""
+    if kind == "bf16":
+        return Bf16Linear(linear, piece)
+    return Int4Linear(linear) if kind == "int4" else Int8Linear(linear)
 
 
 _last_keys: list = [None, None]  # (mask, start) of the last pass and its key lists: every layer asks the same
@@ -199,7 +208,8 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True) -> GPT:
     per row (:class:`Int8Linear`), as llama.cpp's files keep it: SmolLM2's file stores it at 8 bits, and rounded
     to 4 its greedy text parted from fp32's within 5 tokens on 6 of 11 held-out requests (perplexity 19.07
     against fp32's 18.13; ``python -m minigpt.quality``). The embeddings, norms and KV cache stay in the model's
-    dtype. CPU only: the int4 and int8 kernels are PyTorch's CPU kernels. A bf16 layer sums its input dimension in the widest pieces this build
+    dtype. CPU only: the int4 and int8 kernels are PyTorch's CPU kernels. A bf16 layer sums its input dimension
+    in the widest pieces this build
     reduces row-invariantly (:func:`invariant_piece`). ``model.precision`` and ``model.batch_invariant`` record
     what was built (batch_invariant is False when a kernel of this build failed the check)."""
     if precision not in PRECISIONS:
@@ -218,8 +228,7 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True) -> GPT:
                 kind = "int8" if precision == "int4" and child is out.lm_head else precision
                 piece = invariant_piece(kind, width) if invariant else None
                 invariant_kernels &= piece is not None
-                setattr(module, name, {"bf16": lambda: Bf16Linear(child, piece), "int4": lambda: Int4Linear(child),
-                                       "int8": lambda: Int8Linear(child)}[kind]())
+                setattr(module, name, _layer(kind, child, piece))
             elif invariant and type(child) is CausalSelfAttention:
                 child.__class__ = InvariantAttention
     for p in out.parameters():

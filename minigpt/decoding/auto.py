@@ -166,8 +166,8 @@ class Option:
     by_match: dict = field(default_factory=dict)  # cheap: match length -> its own DepthAcceptance
     seconds_per_token: float | None = None   # chain: drafting time per drafted token
     arm_tokens: float | None = None          # arm: tokens per round (moving average)
-    calibration: float = 1.0                 # scored: accepted tokens / the proposal's own score (moving average)
     arm_seconds: float | None = None         # arm: seconds per round (moving average)
+    calibration: float = 1.0                 # scored: accepted tokens / the proposal's own score (moving average)
     last_round: int = -1                     # the round it was last taken in
     backoff: int = 8                         # rounds before it is re-tried while it loses
 
@@ -186,7 +186,8 @@ class Memory:
     """What the controller keeps across generations on one machine: the round times by pass width (one table per
     torch thread count, since the thread count changes them), each chain's drafting seconds per token and each
     arm's seconds per round, by option name; and, as priors for the next generation, the last generation's
-    acceptance (by option and match length), each arm's tokens per round and each option's back-off. Share one
+    acceptance (by option and match length), each arm's tokens per round, each option's back-off and each scored
+    option's calibration. Share one
     between controllers of the same models (the registry keeps one per :class:`~.registry.Models`);
     :meth:`clear` forgets it all."""
     times: dict = field(default_factory=dict)
@@ -204,6 +205,12 @@ class Memory:
         for d in (self.times, self.seconds_per_token, self.arm_seconds, self.arm_tokens, self.acceptance, self.backoff,
                   self.calibration):
             d.clear()
+
+
+def _match(o: Option) -> int | None:
+    """The match length of a copying option's last proposal (capped at MATCH_CAP), or None if it says none."""
+    match = getattr(o.proposer, "last_match", None)
+    return None if match is None else min(match, MATCH_CAP)
 
 
 def _kind(proposer: Proposer) -> str:
@@ -268,7 +275,7 @@ class Auto(Proposer):
             o.calibration = m.calibration.get(o.name, 1.0)
 
     def start(self, session) -> None:
-        """A new generation: every option started, acceptance counted afresh (:meth:`reset`)."""
+        """A new generation: every option started, the measurements taken from :attr:`memory` (:meth:`reset`)."""
         self.reset()
         for o in self.options:
             o.proposer.start(session)
@@ -343,12 +350,10 @@ class Auto(Proposer):
                     continue
                 if not prop.is_chain:
                     raise ValueError(f"auto: the cheap option {o.name!r} must propose a chain")
-                match = getattr(o.proposer, "last_match", None)
-                match = None if match is None else min(match, MATCH_CAP)
-                rate, k = self._best_length(o.acceptance_for(match), len(prop.candidates), 0.0)
+                rate, k = self._best_length(o.acceptance_for(_match(o)), len(prop.candidates), 0.0)
                 if self._due(o) and rate <= best_rate:
                     rate, k = best_rate * (1 + 1e-9), min(2, len(prop.candidates))  # a probe
-                cheap_proposals[o.name] = (prop, k, match)
+                cheap_proposals[o.name] = prop
                 if rate > best_rate:
                     best_rate, best = rate, (o, k)
             elif o.kind == "scored":
@@ -359,7 +364,7 @@ class Auto(Proposer):
                 rate = (1 + o.calibration * o.proposer.last_score) / self.times(width)
                 if self._due(o) and rate <= best_rate:
                     rate = best_rate * (1 + 1e-9)  # a probe
-                cheap_proposals[o.name] = (prop, None, o.proposer.last_score)
+                cheap_proposals[o.name] = prop
                 if rate > best_rate:
                     best_rate, best = rate, (o, None)
             elif o.kind == "chain":
@@ -382,12 +387,9 @@ class Auto(Proposer):
             return self._start(None, Proposal([root], [-1]), now)
         o, k = best
         if o.kind == "cheap":
-            prop, _, match = cheap_proposals[o.name]
-            return self._start(o, Proposal.chain(root, prop.candidates[:k]), now, match=match)
+            return self._start(o, Proposal.chain(root, cheap_proposals[o.name].candidates[:k]), now)
         if o.kind == "scored":
-            prop, _, score = cheap_proposals[o.name]
-            self._score = score
-            return self._start(o, prop, now)
+            return self._start(o, cheap_proposals[o.name], now)
         if o.kind == "chain":
             o.proposer.gamma = k
             t0 = self.clock()
@@ -401,11 +403,9 @@ class Auto(Proposer):
             return self._start(o, prop, now, drafted_at=self.clock())
         return self._start(o, o.proposer.propose(session, room), now)
 
-    def _start(self, o: Option | None, proposal: Proposal, t_start: float, drafted_at: float | None = None,
-               match: int | None = None) -> Proposal:
+    def _start(self, o: Option | None, proposal: Proposal, t_start: float, drafted_at: float | None = None) -> Proposal:
         width = len(proposal.tokens) + len(proposal.extra_tokens)
         self._pending = (o, width, t_start, drafted_at)
-        self._match = match
         return proposal
 
     # -- learning ---------------------------------------------------------------------------------------------
@@ -417,14 +417,14 @@ class Auto(Proposer):
         if o is None:
             return
         o.last_round = self.round
-        if o.kind == "scored":
-            ratio = kept / max(self._score, 1e-9)
+        if o.kind == "scored":  # the proposer's last_score is still this round's: it proposed once
+            ratio = kept / max(o.proposer.last_score, 1e-9)
             o.calibration += self.smoothing * (min(ratio, 4.0) - o.calibration)
             o.proposer.observe(proposal, verified)
         elif o.kind in ("cheap", "chain"):
             o.acceptance.observe(len(proposal.candidates), kept)   # over all match lengths
-            if self._match is not None:
-                o.acceptance_for(self._match).observe(len(proposal.candidates), kept)
+            if o.kind == "cheap" and _match(o) is not None:
+                o.acceptance_for(_match(o)).observe(len(proposal.candidates), kept)
         else:
             o.proposer.observe(proposal, verified)
         self._tokens = kept + 1
