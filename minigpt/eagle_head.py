@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from .cache import KVCache
 from .checkpoint import PACKAGE_CHECKPOINTS, CheckpointError
 from .model import GPT, MLP, Block, CausalSelfAttention, make_norm
+from .quant import dense_weight
 
 EAGLE_CHECKPOINT = PACKAGE_CHECKPOINTS / "eagle.pt"
 
@@ -83,20 +84,25 @@ class EagleHead(nn.Module):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's output layer on predicted features: (..., V) logits, or (..., len(vocab_subset)) when a
         subset is set (entry i is token ``vocab_subset[i]``)."""
+        if self.vocab_subset is None:
+            return self.target.lm_head(features)
         return F.linear(features, self.readout_weight())
 
     def readout_weight(self) -> torch.Tensor:
-        """The output layer's rows the head reads out: all of them, or the subset's. The subset's rows are
-        copied out of the target's matrix once and kept (gathering 8192 of SmolLM2's 49152 rows on every draft
-        step would cost more than the product itself); the copy is made again only if the target's weights
-        change (a new tensor, another device or dtype, or an in-place update). The output layer is frozen, so
-        the copy carries no gradient."""
-        w = self.target.lm_head.weight
-        if self.vocab_subset is None:
-            return w
-        key = (w.data_ptr(), w._version, w.device, w.dtype, self.vocab_subset.data_ptr())
+        """The subset's rows of the target's output layer, in fp32. They are copied out of the target's matrix
+        once and kept (gathering 8192 of SmolLM2's 49152 rows on every draft step would cost more than the
+        product itself); the copy is made again only if the target's output layer changes (another layer, a new
+        tensor, another device or dtype, or an in-place update). When the target runs at reduced precision
+        (:mod:`minigpt.precision`) its output layer keeps no fp32 matrix: the rows are read back through its
+        kernel (:func:`minigpt.quant.dense_weight`). The output layer is frozen, so the copy carries no
+        gradient."""
+        layer = self.target.lm_head
+        w = getattr(layer, "weight", None) if isinstance(layer, nn.Linear) else None
+        key = (id(layer), self.vocab_subset.data_ptr()) + \
+            (() if w is None else (w.data_ptr(), w._version, w.device, w.dtype))
         if self.__dict__.get("_rows_key") != key:
-            self.__dict__["_rows"] = w.detach()[self.vocab_subset].clone()
+            rows = w.detach() if w is not None else dense_weight(layer).to(self.vocab_subset.device)
+            self.__dict__["_rows"] = rows[self.vocab_subset].clone()
             self.__dict__["_rows_key"] = key
         return self.__dict__["_rows"]
 

@@ -74,6 +74,7 @@ class Bf16Linear(nn.Module):
     def __init__(self, weight: torch.Tensor):
         super().__init__()
         self.weight = weight.detach().to(torch.bfloat16)
+        self.in_features, self.device = weight.shape[1], weight.device
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
@@ -87,6 +88,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.q, scale = int8_rows(weight.detach().float())
         self.scale, self.act = scale.to(act), act
+        self.in_features, self.device = weight.shape[1], weight.device
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).to(self.act), self.q, self.scale)
@@ -104,6 +106,7 @@ class Int4Linear(nn.Module):
         # torch's convention per group: w = (q - 8) * scale + zero; ours: w = q * step + minimum
         self.scales_and_zeros = torch.stack([step, lo + 8 * step], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
         self.group, self.out_features = group, weight.shape[0]
+        self.in_features, self.device = weight.shape[1], weight.device
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.packed,
@@ -116,6 +119,17 @@ def weight_bytes_of(module: nn.Module) -> int:
     points a quantised layer keeps as plain attributes."""
     return sum(t.numel() * t.element_size() for t in module.__dict__.values() if isinstance(t, torch.Tensor)) + \
         sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+@torch.no_grad()
+def dense_weight(layer: nn.Module) -> torch.Tensor:
+    """The (out, in) weight a linear layer applies, in fp32, whatever kernel it runs through: an ``nn.Linear``'s
+    own, else read back through the layer itself (the identity matrix in, less what zeros give, which is its
+    bias), so it is exactly what the layer's kernel multiplies by, rounding of its input to bf16 aside."""
+    if isinstance(layer, nn.Linear):
+        return layer.weight.detach().float()
+    eye = torch.eye(layer.in_features, device=layer.device)
+    return (layer(eye) - layer(torch.zeros_like(eye[:1]))).float().T.contiguous()
 
 
 def with_output_layer(model: GPT, head: nn.Module) -> GPT:

@@ -179,3 +179,52 @@ def test_int4_keeps_the_output_layer_at_8_bits():
     assert all(isinstance(m, Int4Linear) for m in model.transformer.modules() if type(m).__name__.endswith("Linear"))
     assert invariant_piece("int8", 64) == 64
 
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
+def test_dense_weight_reads_back_the_weight_a_reduced_layer_multiplies_by(kind):
+    """What a drafter that reads the target's output layer row by row (EAGLE's subset read-out) gets from a layer
+    that keeps no fp32 matrix: the kernel's own weight (for int4, the 4-bit levels, not the original)."""
+    from minigpt.precision import _layer
+    from minigpt.quant import dense_weight, int4_groups, int8_rows
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    layer, x = _layer(kind, lin, None), torch.randn(5, 64)
+    w = dense_weight(layer)
+    assert w.shape == (48, 64) and w.dtype == torch.float32
+    assert torch.allclose(layer(x), x @ w.T + lin.bias, atol=0.03)
+    stored = {"bf16": lambda: lin.weight.to(torch.bfloat16).float(),
+              "int8": lambda: (lambda q, s: q.float() * s.to(torch.bfloat16).float()[:, None])(*int8_rows(lin.weight)),
+              "int4": lambda: (lambda q, s, m: (q.reshape(48, 2, 32) * s[..., None] + m[..., None]).reshape(48, 64))(
+                  *int4_groups(lin.weight.detach()))}[kind]()
+    gap_to_stored, gap_to_fp32 = (w - stored).abs().max(), (w - lin.weight).abs().max()
+    assert gap_to_stored <= 1e-3 and gap_to_stored < gap_to_fp32 / 4   # the kernel's levels, not the fp32 weight
+    assert torch.equal(dense_weight(lin), lin.weight)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int4"])
+def test_every_declared_method_keeps_its_precisions_plain_output_on_the_shipped_models(precision):
+    """The shipped pair and heads at reduced precision: every declared method, the heads that read the target's
+    output layer (EAGLE, Medusa) included, runs and gives that precision's plain greedy output."""
+    from minigpt.bench.run import bench_prompts
+    from minigpt.decoding import Models
+    from minigpt.decoding.registry import METHODS
+    torch.set_num_threads(1)
+    models = Models.shipped("cpu", methods=list(METHODS), precision=precision)
+    assert models.target.precision == precision
+    for prompt in bench_prompts(2, 1):
+        plain = generate(models.target, list(prompt), 16)
+        for name, method in METHODS.items():
+            assert method.run(models, list(prompt), 16)[0] == plain, (precision, name, prompt.name)
+
+
+def test_eagles_subset_read_out_follows_a_reduced_precision_target():
+    """With a frequency-ranked subset, EAGLE reads the target's output layer row by row; at int4 (an 8-bit output
+    layer) those rows are read back through the kernel, and the subset's logits are the full read-out's there."""
+    from minigpt.eagle_head import EagleHead
+    target = reduce_precision(_model("llama", 5), "int4")
+    subset = torch.tensor([5, 90, 3, 41])
+    head, full = EagleHead(target, vocab_subset=subset).eval(), EagleHead(target).eval()
+    f = torch.randn(3, target.config.n_embd)
+    assert torch.allclose(head.logits(f), full.logits(f)[:, subset], atol=0.05)
+    assert head.readout_weight() is head.readout_weight()
