@@ -8,7 +8,8 @@ highest expected **tokens per second**, from what it has measured in this genera
 * the time of a round by how many tokens its target pass scored (its width k + 1), measured from the start of
   one round to the start of the next, so the verification pass, the acceptance rule and the bookkeeping are all
   in it; widths not seen yet are interpolated (or extrapolated with the slope fitted so far);
-* each drafter's time per drafted token (a draft model's passes), measured while it drafts;
+* each drafter's time per drafted token (a draft model's passes), measured while it drafts (the pass in which the
+  draft first catches up with the tokens it has not seen, once per return to the chain, is left out of it);
 * each drafter's acceptance at each depth d, p_d = P(token d accepted | tokens 1..d-1 accepted), counted with
   exponential forgetting, so that a copy-heavy stretch of text is noticed and so is its end; for a copying
   drafter that says how long its match was (prompt lookup's ``last_match``, the n of the n-gram), counted apart
@@ -60,7 +61,10 @@ MATCH_CAP = 8  # match lengths from here on share one count (suffix decoding's m
 class RoundTimes:
     """Seconds per round (drafting excluded) by pass width, as exponential moving averages; an unseen width is
     interpolated between the nearest seen ones, or extrapolated with the least-squares slope of those seen
-    (before two widths are seen, ``prior_slope`` times the one-token round per extra token)."""
+    (before two widths are seen, ``prior_slope`` times the one-token round per extra token). A pass over more
+    tokens never costs less than one over fewer, so every estimate is capped by each wider width's: a width
+    timed once, in a slow moment (the process's first passes, a disturbed machine), is not believed over wider
+    rounds that were faster."""
 
     def __init__(self, smoothing: float = 0.3, prior_slope: float = 0.05):
         self.smoothing, self.prior_slope = smoothing, prior_slope
@@ -84,6 +88,11 @@ class RoundTimes:
 
     def __call__(self, width: int) -> float | None:
         """Estimated seconds of a round whose pass scores ``width`` tokens (None before any round was timed)."""
+        own = self._own(width)
+        return None if own is None else min([own] + [t for w, t in self.by_width.items() if w > width])
+
+    def _own(self, width: int) -> float | None:
+        """The estimate from the widths around ``width`` alone (measured, interpolated or extrapolated)."""
         if width in self.by_width:
             return self.by_width[width]
         if not self.by_width:
@@ -281,8 +290,9 @@ class Auto(Proposer):
             o.proposer.start(session)
 
     def finish(self, progress) -> None:
-        """The generation ended: what it measured goes to :attr:`memory` as the next generation's priors, and every
-        option hears it (suffix decoding keeps the output for later requests)."""
+        """The generation ended: its last round is booked, what it measured goes to :attr:`memory` as the next
+        generation's priors, and every option hears it (suffix decoding keeps the output for later requests)."""
+        self._close_round(self.clock())
         for o in self.options:
             if o.acceptance.tested:
                 self.memory.acceptance[o.name, None] = o.acceptance
@@ -392,7 +402,8 @@ class Auto(Proposer):
             return self._start(o, cheap_proposals[o.name], now)
         if o.kind == "chain":
             o.proposer.gamma = k
-            t0 = self.clock()
+            o.proposer.feed(session)   # the catch-up after rounds without the chain: timed neither as drafting
+            t0 = self.clock()          # nor in the round (it is paid once per return to the chain)
             prop = o.proposer.propose(session, room)
             n = len(prop.candidates)
             if n:

@@ -98,6 +98,16 @@ class Chain(Proposer):
     def propose_batch(self, seqs: list[Progress], rooms: list[int]) -> list[Proposal]:
         return self._draft([s.proposer for s in seqs], seqs, rooms)
 
+    @torch.no_grad()
+    def feed(self, session: Progress) -> None:
+        """Bring the draft's cache up to all but the newest token, in one draft pass, so that the next proposal's
+        first pass reads one token. A proposal makes this catch-up itself; the speculation controller makes it
+        first, so that the drafting it times is the drafting alone (after rounds without the chain, the
+        catch-up reads every token since, at first the whole prompt)."""
+        behind = session.seq[session.draft_cache.length:-1]
+        if behind:
+            score_ragged(self.draft, [session.draft_cache], [behind])
+
     def _draft(self, owners: list["Chain"], seqs: list, rooms: list[int]) -> list[Proposal]:
         """Each sequence's chain, its length its own proposer's (``owners``) gamma, never past the requested length:
         the round's own token fills the last slot."""
