@@ -58,6 +58,20 @@ def _rows_agree(fn, width: int, g: torch.Generator) -> bool:
     return True
 
 
+@torch.no_grad()
+def rows_vs_alone(layer, width: int, rows=(2, 5, 17), seed: int = 0) -> dict[int, float]:
+    """For each row count k: the largest absolute difference between ``layer``'s output rows computed in one call
+    over k random input rows (of ``width`` numbers) and the same rows computed one call each. 0.0 means the layer
+    reduces a row the same way whatever the number of rows beside it."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for k in rows:
+        x = torch.randn(k, width, generator=g)
+        together, alone = layer(x).float(), torch.cat([layer(x[i:i + 1]) for i in range(k)]).float()
+        out[k] = float((together - alone).abs().max())
+    return out
+
+
 def invariant_piece(kind: str, width: int) -> int | None:
     """The widest slice of the input dimension (``width`` itself, else for bf16 a divisor that is a multiple of 32)
     over which this build's ``kind`` kernel ("bf16" matmul, "int4", "int8") reduces every row the same way whatever

@@ -228,3 +228,12 @@ def test_eagles_subset_read_out_follows_a_reduced_precision_target():
     f = torch.randn(3, target.config.n_embd)
     assert torch.allclose(head.logits(f), full.logits(f)[:, subset], atol=0.05)
     assert head.readout_weight() is head.readout_weight()
+
+
+def test_rows_vs_alone_sees_a_shape_dependent_kernel():
+    """0 for a layer that treats each row alone; more than 0 for one whose result depends on the rows beside it."""
+    from minigpt.precision import rows_vs_alone
+    lin = torch.nn.Linear(64, 8)
+    assert rows_vs_alone(lambda x: torch.stack([lin(r) for r in x]), 64) == {2: 0.0, 5: 0.0, 17: 0.0}
+    shifty = lambda x: lin(x) + 1e-3 * x.shape[0]        # noqa: E731 (depends on how many rows come together)
+    assert all(d > 0 for d in rows_vs_alone(shifty, 64).values())
