@@ -6,6 +6,8 @@ where a target pass costs the same at any width and drafting is cheap, where spe
 where drafting is dear and a wide pass is slow, where plain decoding must win."""
 from __future__ import annotations
 
+import copy
+
 from collections import Counter
 
 import pytest
@@ -265,3 +267,46 @@ def test_copies_are_judged_by_the_length_of_their_match():
     assert lookup.last_match == 3
     lookup.propose(type("S", (), {"seq": [5, 6, 8]})(), 8)
     assert lookup.last_match == 0
+
+
+@pytest.mark.parametrize("regime", ["plain pays", "speculation pays"])
+def test_a_batch_chooses_plain_steps_when_its_wide_passes_cost_more_than_they_make(regime):
+    """In a batch, one sequence's wide proposal widens every sequence's pass; the batch's own tokens per second
+    decides whether its sequences speculate (BatchChoice), so a batch where width is expensive steps plainly in
+    most rounds, and one where it is cheap speculates in most, with every output the target's own."""
+    from minigpt.decoding.auto import BatchChoice
+    from minigpt.decoding.batch import decode_batch
+    target = random_model(0, block_size=256)
+    draft = copy.deepcopy(target)       # a draft that always agrees: whether speculation pays is the clock's doing
+    clock = FakeClock()
+    if regime == "plain pays":
+        clock.charge(target, lambda n: 1.0 + 2.0 * (n - 1))
+    else:
+        clock.charge(target, lambda n: 1.0)
+    clock.charge(draft, lambda n: 0.01)
+    prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 6], [7, 8, 7, 8], [9, 3, 9]]
+    auto = Auto({"lookup": Lookup(3, 16), "chain": Chain(draft, 4)}, clock=clock)
+    outs, stats, _ = decode_batch(target, prompts, 80, auto)
+    assert outs == [generate(target, p, 80) for p in prompts]
+    modes = auto.memory.batch[torch.get_num_threads(), 4]
+    assert isinstance(modes, BatchChoice) and set(modes.rate) == {"plain", "speculate"}
+    plain_share = sum(name == PLAIN for s in stats for name, _ in s.choices) / sum(len(s.choices) for s in stats)
+    assert plain_share > 0.7 if regime == "plain pays" else plain_share < 0.3, plain_share
+    assert (modes.rate[PLAIN] > modes.rate["speculate"]) == (regime == "plain pays"), modes.rate
+
+
+def test_the_batch_choice_probes_the_losing_mode_less_and_less_often():
+    """Both modes measured first; then the better one, with the other re-tried after 8, 16, 32, ... rounds while
+    it keeps losing; a probe that wins makes its mode the one taken."""
+    from minigpt.decoding.auto import BatchChoice
+    choice, taken = BatchChoice(), []
+    for _ in range(120):
+        mode = choice.choose()
+        taken.append(mode)
+        choice.book(mode, 10.0 if mode == PLAIN else 6.0, smoothing=0.3)
+    probes = [i for i, m in enumerate(taken) if m == "speculate"][1:]
+    assert taken[:2] == ["speculate", PLAIN] and probes == [8, 24, 56], probes   # waits of 8, 16, 32 rounds
+    for _ in range(3):                                   # speculation becomes the better mode
+        mode = choice.choose()
+        choice.book(mode, 20.0 if mode == "speculate" else 10.0, smoothing=1.0)
+    assert choice.best() == "speculate"

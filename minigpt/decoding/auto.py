@@ -117,8 +117,9 @@ class RoundTimes:
 @dataclass
 class DepthAcceptance:
     """p_d = P(drafted token d accepted | tokens 1..d-1 accepted), from counts that decay by ``decay`` at each
-    observation, with a prior of ``prior`` worth ``prior_weight`` observations -- or, with a ``parent``, the
-    parent's p_d as the prior (a count for one match length starts from the count over all of them)."""
+    observation, with a prior worth ``prior_weight`` observations: ``prior`` at depth 1 and p_{d-1} below it --
+    or, with a ``parent``, the parent's p_d (a count for one match length starts from the count over all of
+    them)."""
     decay: float = 0.9
     prior: float = 0.5
     prior_weight: float = 1.0
@@ -127,11 +128,23 @@ class DepthAcceptance:
     parent: "DepthAcceptance | None" = None
 
     def p(self, depth: int) -> float:
-        i = depth - 1
-        a = self.accepted[i] if i < len(self.accepted) else 0.0
-        n = self.tested[i] if i < len(self.tested) else 0.0
-        prior = self.prior if self.parent is None else self.parent.p(depth)
-        return (a + prior * self.prior_weight) / (n + self.prior_weight)
+        return self.ps(depth)[-1]
+
+    def ps(self, k: int) -> list[float]:
+        """[p_1 .. p_k]. Each depth's count starts from a prior: the parent's p_d if there is a parent, else
+        ``prior`` at depth 1 and p_{d-1} deeper, so that a depth the controller has not sent tokens to yet is
+        expected to do as the one before it (with a fixed prior instead, a depth that failed twice early would
+        look worse than plain decoding and never be tried again)."""
+        parent = self.parent.ps(k) if self.parent is not None else None
+        out, prior = [], self.prior
+        for i in range(k):
+            a = self.accepted[i] if i < len(self.accepted) else 0.0
+            n = self.tested[i] if i < len(self.tested) else 0.0
+            if parent is not None:
+                prior = parent[i]
+            prior = (a + prior * self.prior_weight) / (n + self.prior_weight)
+            out.append(prior)
+        return out
 
     def observe(self, proposed: int, accepted: int) -> None:
         """A chain of ``proposed`` tokens of which the first ``accepted`` stood (depths 1..accepted accepted, the
@@ -156,8 +169,8 @@ class DepthAcceptance:
     def expected_tokens(self, k: int) -> list[float]:
         """E(0..k): the tokens a round yields with a chain of 0..k drafted tokens (the target's own included)."""
         out, e, reach = [1.0], 1.0, 1.0
-        for d in range(1, k + 1):
-            reach *= self.p(d)
+        for p in self.ps(k):
+            reach *= p
             e += reach
             out.append(e)
         return out
@@ -191,12 +204,54 @@ class Option:
 
 
 @dataclass
+class BatchChoice:
+    """For a batch of one size: whether its sequences speculate this round or all step plainly, chosen as an arm
+    by the whole batch's measured tokens per second (moving averages). In a batch one sequence's wide proposal
+    makes every sequence's pass wider, a cost that sequence's own controller does not see; the batch's tokens
+    per second does. The mode that loses is re-tried after 8 rounds, then 16, 32, ... while it keeps losing."""
+    rate: dict = field(default_factory=dict)        # "plain" / "speculate" -> tokens per second of the batch
+    last: dict = field(default_factory=dict)        # mode -> the round it was last taken in
+    backoff: int = 8
+    round: int = 0
+
+    def book(self, mode: str, rate: float, smoothing: float) -> None:
+        """The batch's tokens per second in a round taken in ``mode``; a re-tried mode that lost backs off."""
+        probe = len(self.rate) == 2 and mode != self.best()
+        old = self.rate.get(mode)
+        self.rate[mode] = rate if old is None else old + smoothing * (rate - old)
+        if probe and mode == self.best():      # a probe that won: its mode is taken from now on
+            self.backoff = 8
+
+    def best(self) -> str:
+        return max(self.rate, key=self.rate.get) if self.rate else "speculate"
+
+    def choose(self) -> str:
+        self.round += 1
+        for mode in ("speculate", PLAIN):
+            if mode not in self.rate:          # each mode is measured once before either is trusted
+                return self._take(mode)
+        best, other = self.best(), _other(self.best())
+        if self.round - self.last.get(other, 0) >= self.backoff:
+            self.backoff = min(2 * self.backoff, 256)
+            return self._take(other)           # a probe; it resets the back-off only by winning
+        return self._take(best)
+
+    def _take(self, mode: str) -> str:
+        self.last[mode] = self.round
+        return mode
+
+
+def _other(mode: str) -> str:
+    return PLAIN if mode == "speculate" else "speculate"
+
+
+@dataclass
 class Memory:
     """What the controller keeps across generations on one machine: the round times by pass width (one table per
-    torch thread count, since the thread count changes them), each chain's drafting seconds per token and each
+    torch thread count and batch size, since both change them), each chain's drafting seconds per token and each
     arm's seconds per round, by option name; and, as priors for the next generation, the last generation's
     acceptance (by option and match length), each arm's tokens per round, each option's back-off and each scored
-    option's calibration. Share one
+    option's calibration; and for each batch size, whether its sequences speculate (:class:`BatchChoice`). Share one
     between controllers of the same models (the registry keeps one per :class:`~.registry.Models`);
     :meth:`clear` forgets it all."""
     times: dict = field(default_factory=dict)
@@ -206,13 +261,15 @@ class Memory:
     acceptance: dict = field(default_factory=dict)   # (option, match length or None) -> DepthAcceptance
     backoff: dict = field(default_factory=dict)
     calibration: dict = field(default_factory=dict)
+    batch: dict = field(default_factory=dict)        # (threads, batch size) -> BatchChoice
 
-    def round_times(self, smoothing: float) -> RoundTimes:
-        return self.times.setdefault(torch.get_num_threads(), RoundTimes(smoothing))
+    def round_times(self, smoothing: float, batch: int = 1) -> RoundTimes:
+        """The table of round times for this thread count and ``batch`` sequences decoded together."""
+        return self.times.setdefault((torch.get_num_threads(), batch), RoundTimes(smoothing))
 
     def clear(self) -> None:
         for d in (self.times, self.seconds_per_token, self.arm_seconds, self.arm_tokens, self.acceptance, self.backoff,
-                  self.calibration):
+                  self.calibration, self.batch):
             d.clear()
 
 
@@ -270,8 +327,10 @@ class Auto(Proposer):
         self.times = self.memory.round_times(self.smoothing)
         self.round = 0
         self.choices: list[tuple[str, int, int]] = []  # per round: option, tokens proposed, tokens kept
-        self._pending = None  # (option or None, width, t_start, t_drafted) of the round in flight
+        self._pending = None  # (option or None, width, t_start, t_drafted, round-time table) of the round in flight
         self._tokens = 1
+        self.plain_only = False  # set by the batch's choice (propose_batch): every sequence steps plainly
+        self._batch_round = None  # (mode, start, batch size) of the batch round in flight (the batch's own copy)
         for o in self.options:
             m = self.memory
             o.acceptance = m.acceptance[o.name, None].carried() if (o.name, None) in m.acceptance else DepthAcceptance()
@@ -311,9 +370,23 @@ class Auto(Proposer):
         return twin
 
     def propose_batch(self, seqs, rooms) -> list[Proposal]:
-        """Each sequence's own copy decides; then every copy books this round at the batch's widest proposal: the
-        batch's pass is padded to it, so the table of round time by width holds what a batch round that wide
-        costs, whichever sequence made it wide (the copies share it through :attr:`memory`)."""
+        """Each sequence's own copy decides, from the round times of batches of this size (a table of its own in
+        :attr:`memory`, shared by the copies); then every copy books this round at the batch's widest proposal:
+        the batch's pass is padded to it, so the table holds what a batch round that wide costs, whichever
+        sequence made it wide."""
+        now, B = self.clock(), len(seqs)
+        key = (torch.get_num_threads(), B)
+        if self._batch_round is not None:  # the last batch round: its tokens (each sequence's) over its time
+            mode, start, size = self._batch_round
+            if size == B:
+                tokens = sum(s.proposer._tokens for s in seqs)
+                self.memory.batch.setdefault(key, BatchChoice()).book(mode, tokens / max(now - start, 1e-9),
+                                                                       self.smoothing)
+        mode = self.memory.batch.setdefault(key, BatchChoice()).choose()
+        self._batch_round = (mode, now, B)
+        for s in seqs:  # a batch of B sequences has its own round times
+            s.proposer.times = self.memory.round_times(self.smoothing, batch=B)
+            s.proposer.plain_only = mode == PLAIN
         proposals = super().propose_batch(seqs, rooms)
         widest = max(len(p.tokens) + len(p.extra_tokens) for p in proposals)
         for s in seqs:
@@ -349,7 +422,7 @@ class Auto(Proposer):
             if catch_up is not None:
                 catch_up(session)
         t_plain = self.times(1)
-        if t_plain is None or room < 1:  # the first round is plain: it measures the one-token round
+        if t_plain is None or room < 1 or self.plain_only:  # the first round is plain: it measures t(1)
             return self._start(None, Proposal([root], [-1]), now)
         best_rate, best = 1.0 / t_plain, None
         cheap_proposals = {}
@@ -416,7 +489,7 @@ class Auto(Proposer):
 
     def _start(self, o: Option | None, proposal: Proposal, t_start: float, drafted_at: float | None = None) -> Proposal:
         width = len(proposal.tokens) + len(proposal.extra_tokens)
-        self._pending = (o, width, t_start, drafted_at)
+        self._pending = (o, width, t_start, drafted_at, self.times)   # booked in the table the round was decided by
         return proposal
 
     # -- learning ---------------------------------------------------------------------------------------------
@@ -444,7 +517,7 @@ class Auto(Proposer):
         """Book the time of the round that just ended (from its start to now)."""
         if self._pending is None:
             return
-        o, width, t_start, drafted_at = self._pending
+        o, width, t_start, drafted_at, times = self._pending
         self._pending = None
         if o is not None and o.kind == "arm":
             secs, toks = max(now - t_start, 1e-9), self._tokens
@@ -453,7 +526,7 @@ class Auto(Proposer):
             self.memory.arm_seconds[o.name] = o.arm_seconds
             self._update_backoff(o, toks / secs)
             return
-        self.times.add(width, now - (drafted_at if drafted_at is not None else t_start))
+        times.add(width, now - (drafted_at if drafted_at is not None else t_start))
         if o is not None:
             self._update_backoff(o, self._tokens / max(now - t_start, 1e-9))
 
