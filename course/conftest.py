@@ -1,12 +1,13 @@
-"""Lessons 09, 09b and 13 run a real model (SmolLM2-135M) whose weights are fetched separately, once
+"""Lessons 09, 09b, 13 and 13b run a real model (SmolLM2-135M) whose weights are fetched separately, once
 (``python -m minigpt.real.smollm fetch``) and read with the optional ``gguf`` package. Where either is missing (CI,
 a fresh clone), those lessons are skipped with the reason instead of failing; every other lesson runs as usual.
-Lesson 13's llama.cpp cells also need the ``[engines]`` extra; without it they say so and skip themselves."""
+the llama.cpp cells of Lessons 13 and 13b also need the ``[engines]`` extra; without it they say so and skip themselves."""
 from __future__ import annotations
 
 import pytest
 
-REAL_MODEL_LESSONS = ("09_real_model.ipynb", "09b_real_model_drafters.ipynb", "13_production.ipynb")
+REAL_MODEL_LESSONS = ("09_real_model.ipynb", "09b_real_model_drafters.ipynb", "13_production.ipynb",
+                      "13b_exact_at_4_bits.ipynb")
 
 
 def _why_not_runnable() -> str | None:
