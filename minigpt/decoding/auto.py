@@ -400,15 +400,17 @@ class Auto(Proposer):
         """Whether a losing option is re-tried this round."""
         return self.round - o.last_round >= o.backoff
 
-    def _best_length(self, acceptance: DepthAcceptance, most: int, draft_cost: float) -> tuple[float, int]:
-        """(expected tokens per second, k) of the best chain length k in 1..most under ``acceptance``."""
+    def _best_length(self, acceptance: DepthAcceptance, most: int, draft_cost: float,
+                     fixed_cost: float = 0.0) -> tuple[float, int]:
+        """(expected tokens per second, k) of the best chain length k in 1..most under ``acceptance``, drafting
+        costing ``draft_cost`` per token plus ``fixed_cost`` per round."""
         best = (0.0, 0)
         times = self.times.table(most + 1)
         if times is None:
             return best
         for k, e in enumerate(acceptance.expected_tokens(most)):
             if k:
-                best = max(best, (e / (times[k + 1] + draft_cost * k), k))
+                best = max(best, (e / (times[k + 1] + draft_cost * k + fixed_cost), k))
         return best
 
     def propose(self, session: Session, room: int) -> Proposal:
@@ -455,7 +457,10 @@ class Auto(Proposer):
                 if o.seconds_per_token is None:   # never drafted yet: try a short chain to measure it
                     rate, k = float("inf"), min(2, most)
                 else:
-                    rate, k = self._best_length(o.acceptance, most, o.seconds_per_token)
+                    # a return to the chain after another option's round costs one more draft pass: the
+                    # catch-up over the tokens the draft has not seen (Chain.feed)
+                    back = 0.0 if o.last_round == self.round - 1 else o.seconds_per_token
+                    rate, k = self._best_length(o.acceptance, most, o.seconds_per_token, back)
                     if self._due(o) and rate <= best_rate:
                         rate, k = best_rate * (1 + 1e-9), min(2, most)
                 if rate > best_rate:
