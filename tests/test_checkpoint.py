@@ -140,3 +140,21 @@ def test_unknown_training_preset():
     err = r.stderr.strip()
     assert len(err.splitlines()) == 1, f"expected a one-line error, got {err!r}"
     assert "nope" in err and "target" in err and "Traceback" not in err
+
+
+def test_the_two_layer_draft_ships_and_copies():
+    """draft2 (checkpoints/draft2_card.json): two layers, loads through load_pretrained, greedy-exact as a chain,
+    and it continues a repeated span of random tokens, which the one-layer draft cannot (an induction head
+    needs two layers)."""
+    import torch
+    from minigpt import load_pretrained
+    from minigpt.decoding import speculative_generate
+    from minigpt.decoding.plain import generate
+    target, draft2 = load_pretrained("target", "cpu"), load_pretrained("draft2", "cpu")
+    assert draft2.config.n_layer == 2 and draft2.config.vocab_size == target.config.vocab_size
+    prompt = list(range(100, 140))
+    assert speculative_generate(target, draft2, prompt, 24, gamma=4)[0] == generate(target, prompt, 24)
+    span = torch.randint(200, 4000, (24,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.no_grad():
+        guess = draft2(torch.tensor([span + span[:12]]))[0, -1].argmax().item()
+    assert guess == span[12]
