@@ -97,7 +97,7 @@ class EagleHead(nn.Module):
         kernel (:func:`minigpt.quant.dense_weight`). The output layer is frozen, so the copy carries no
         gradient."""
         layer = self.target.lm_head
-        w = getattr(layer, "weight", None) if isinstance(layer, nn.Linear) else None
+        w = layer.weight if isinstance(layer, nn.Linear) else None
         key = (id(layer), self.vocab_subset.data_ptr()) + \
             (() if w is None else (w.data_ptr(), w._version, w.device, w.dtype))
         if self.__dict__.get("_rows_key") != key:

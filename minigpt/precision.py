@@ -48,28 +48,26 @@ CHECK_ROWS = (2, 3, 5, 8, 9, 16, 17, 32, 33, 64)
 _invariant_pieces: dict[tuple[str, int], int | None] = {}
 
 
+def _row_differences(fn, width: int, rows, g: torch.Generator):
+    """For each row count k in ``rows``, in turn: (k, the largest absolute difference between ``fn``'s output rows
+    for k random input rows (of ``width`` numbers, drawn from ``g``) in one call and one call each)."""
+    with torch.no_grad():
+        for k in rows:
+            x = torch.randn(k, width, generator=g)
+            together, alone = fn(x).float(), torch.cat([fn(x[i:i + 1]) for i in range(k)]).float()
+            yield k, float((together - alone).abs().max())
+
+
 def _rows_agree(fn, width: int, g: torch.Generator) -> bool:
     """Whether ``fn`` (rows, width) -> (rows, n) gives every row as it gives that row alone, at CHECK_ROWS."""
-    with torch.no_grad():
-        for k in CHECK_ROWS:
-            x = torch.randn(k, width, generator=g)
-            if not torch.equal(fn(x), torch.cat([fn(x[i:i + 1]) for i in range(k)])):
-                return False
-    return True
+    return all(diff == 0.0 for _, diff in _row_differences(fn, width, CHECK_ROWS, g))
 
 
-@torch.no_grad()
 def rows_vs_alone(layer, width: int, rows=(2, 5, 17), seed: int = 0) -> dict[int, float]:
     """For each row count k: the largest absolute difference between ``layer``'s output rows computed in one call
     over k random input rows (of ``width`` numbers) and the same rows computed one call each. 0.0 means the layer
     reduces a row the same way whatever the number of rows beside it."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for k in rows:
-        x = torch.randn(k, width, generator=g)
-        together, alone = layer(x).float(), torch.cat([layer(x[i:i + 1]) for i in range(k)]).float()
-        out[k] = float((together - alone).abs().max())
-    return out
+    return dict(_row_differences(layer, width, rows, torch.Generator().manual_seed(seed)))
 
 
 def invariant_piece(kind: str, width: int) -> int | None:

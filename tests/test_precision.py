@@ -180,7 +180,6 @@ def test_int4_keeps_the_output_layer_at_8_bits():
     assert invariant_piece("int8", 64) == 64
 
 
-
 @pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
 def test_dense_weight_reads_back_the_weight_a_reduced_layer_multiplies_by(kind):
     """What a drafter that reads the target's output layer row by row (EAGLE's subset read-out) gets from a layer

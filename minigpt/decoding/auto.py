@@ -375,17 +375,17 @@ class Auto(Proposer):
         the batch's pass is padded to it, so the table holds what a batch round that wide costs, whichever
         sequence made it wide."""
         now, B = self.clock(), len(seqs)
-        key = (torch.get_num_threads(), B)
+        choice = self.memory.batch.setdefault((torch.get_num_threads(), B), BatchChoice())
         if self._batch_round is not None:  # the last batch round: its tokens (each sequence's) over its time
             mode, start, size = self._batch_round
             if size == B:
                 tokens = sum(s.proposer._tokens for s in seqs)
-                self.memory.batch.setdefault(key, BatchChoice()).book(mode, tokens / max(now - start, 1e-9),
-                                                                       self.smoothing)
-        mode = self.memory.batch.setdefault(key, BatchChoice()).choose()
+                choice.book(mode, tokens / max(now - start, 1e-9), self.smoothing)
+        mode = choice.choose()
         self._batch_round = (mode, now, B)
-        for s in seqs:  # a batch of B sequences has its own round times
-            s.proposer.times = self.memory.round_times(self.smoothing, batch=B)
+        times = self.memory.round_times(self.smoothing, batch=B)   # a batch of B sequences has its own table
+        for s in seqs:
+            s.proposer.times = times
             s.proposer.plain_only = mode == PLAIN
         proposals = super().propose_batch(seqs, rooms)
         widest = max(len(p.tokens) + len(p.extra_tokens) for p in proposals)
