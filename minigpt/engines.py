@@ -130,12 +130,13 @@ class LlamaCpp:
         self.llm.draft_model = None
         return out, stats
 
-    def logits_of(self, prompt, chunks) -> np.ndarray:
+    def logits_of(self, prompt, chunks, prompt_rows: bool = False) -> np.ndarray:
         """The logits llama.cpp computes after feeding ``prompt`` in one pass and then ``chunks`` (lists of ids),
-        one pass each: (sum of chunk lengths, V), the rows of the chunks' positions."""
+        one pass each: (sum of chunk lengths, V), the rows of the chunks' positions, after the prompt's own rows
+        when ``prompt_rows`` (its plain decoding takes its first token from the prompt's last row)."""
         self.llm.reset()
         self.llm.eval([int(t) for t in prompt])
-        rows = []
+        rows = [np.array(self.llm.scores[:len(prompt)], dtype=np.float32)] if prompt_rows else []
         for chunk in chunks:
             start = self.llm.n_tokens
             self.llm.eval([int(t) for t in chunk])
