@@ -17,7 +17,10 @@ bitwise equal for every k. Each part that reduces is made shape-independent:
 * **attention** (:class:`InvariantAttention`) reduces every query over a key axis whose length depends only on
   that query's own position (rounded up to a multiple of ``bucket``), with its keys laid out from position 0
   in order; a token tree's node gathers its ancestors' keys into that layout. Positions beyond the query's
-  keys are masked to exactly zero weight. Scores and the weighted sum run in bf16, the softmax in fp32;
+  keys are masked to exactly zero weight. Each query row is a batch element of its own in the two batched
+  products (its heads' scores over its keys, then the weighted sum of values), in the model's dtype, so a
+  row's arithmetic is the same whatever the number of rows (a one-token step takes a shorter road to the same
+  two products);
 * **norms**, activations and residual additions work row by row, element by element.
 
 Precisions: ``"fp32"`` (the course's model, unchanged), ``"bf16"`` (bf16 weights) and ``"int4"`` (the blocks'
@@ -174,10 +177,13 @@ class InvariantAttention(CausalSelfAttention):
         start = cache.length
         cache.update(layer, k, v)
         K, V = cache.k[layer], cache.v[layer]                      # (B, n_kv, max_len, hs): the whole buffer
-        keys = _key_lists(mask, start)                             # per row: its keys' cache indices, in order
         g, hs = self.n_head // self.n_kv_head, self.head_size
-        y = torch.empty(B, self.n_head, T, hs, dtype=torch.bfloat16, device=x.device)
-        qb = q.to(torch.bfloat16).view(B, self.n_kv_head, g, T, hs)
+        if mask is None and T == 1:                                # one new token: it sees keys 0 .. start
+            y = self._attend_all(q.reshape(B * self.n_kv_head, g, hs), K, V, start + 1, cache.max_len)
+            return self.c_proj(y.reshape(B, 1, C))
+        keys = _key_lists(mask, start)                             # per row: its keys' cache indices, in order
+        y = torch.empty(B, self.n_head, T, hs, dtype=q.dtype, device=x.device)
+        qb = q.view(B, self.n_kv_head, g, T, hs)
         groups: dict[int, list[int]] = {}                          # contiguous rows, by key-axis length
         for r, idx in enumerate(keys):
             n = len(idx)
@@ -193,24 +199,37 @@ class InvariantAttention(CausalSelfAttention):
             lengths = torch.tensor([len(keys[r]) for r in rows], device=x.device)
             out = self._attend(qb[:, :, :, rows], K[:, :, :L], V[:, :, :L], lengths)   # (B, n_kv, g, m, hs)
             y[:, :, rows] = out.reshape(B, self.n_head, len(rows), hs)
-        y = y.to(x.dtype).transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
     def _slots(self, n: int, max_len: int) -> int:
         return min(math.ceil(n / self.bucket) * self.bucket, max_len)
 
+    def _attend_all(self, rows, K, V, n: int, max_len: int):
+        """:meth:`_attend` for one query row per (sequence, key head), ``rows`` (B n_kv, g, hs), that sees the
+        cache's first ``n`` keys: the same two batched products over the same slots, without the bookkeeping of
+        several rows. Returns (B n_kv, g, hs)."""
+        B, H, _, hs = K.shape
+        L = self._slots(n, max_len)
+        scores = torch.bmm(rows, K[:, :, :L].reshape(B * H, L, hs).transpose(1, 2)) / math.sqrt(hs)
+        scores[..., n:] = float("-inf")
+        return torch.bmm(torch.softmax(scores, dim=-1), V[:, :, :L].reshape(B * H, L, hs))
+
     def _attend(self, q, K, V, lengths):
-        """q (B, n_kv, g, m, hs) bf16 against the first slots of K, V (B, n_kv, L, hs); row i sees its first
-        ``lengths[i]`` slots. Returns (B, n_kv, g, m, hs) bf16."""
+        """q (B, n_kv, g, m, hs) against the first slots of K, V (B, n_kv, L, hs); row i sees its first
+        ``lengths[i]`` slots. Each query row is a batch element of its own in two batched products (its g heads
+        against its L keys), so its arithmetic does not depend on how many rows the pass has. Returns
+        (B, n_kv, g, m, hs)."""
         B, H, g, m, hs = q.shape
         L = K.shape[2]
-        Kb, Vb = K.to(torch.bfloat16), V.to(torch.bfloat16)
-        scores = q.reshape(B, H, g * m, hs) @ Kb.transpose(-1, -2)                 # (B, n_kv, g * m, L)
-        scores = scores.float() / math.sqrt(hs)
-        seen = torch.arange(L, device=q.device)[None, :] < lengths[:, None]       # (m, L)
-        scores = scores.masked_fill(~seen.repeat(g, 1), float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(torch.bfloat16)
-        return (probs @ Vb).reshape(B, H, g, m, hs)
+        rows = q.permute(0, 1, 3, 2, 4).reshape(B * H * m, g, hs)             # (B n_kv m, g, hs)
+        Kr = K.unsqueeze(2).expand(B, H, m, L, hs).reshape(B * H * m, L, hs)  # each row's own copy of its keys
+        Vr = V.unsqueeze(2).expand(B, H, m, L, hs).reshape(B * H * m, L, hs)
+        scores = torch.bmm(rows, Kr.transpose(1, 2)) / math.sqrt(hs)          # (B n_kv m, g, L)
+        unseen = torch.arange(L, device=q.device)[None, :] >= lengths[:, None]  # (m, L)
+        scores = scores.masked_fill(unseen.repeat(B * H, 1)[:, None, :], float("-inf"))
+        out = torch.bmm(torch.softmax(scores, dim=-1), Vr)                    # (B n_kv m, g, hs)
+        return out.reshape(B, H, m, g, hs).permute(0, 1, 3, 2, 4)
 
 
 def reduce_precision(model: GPT, precision: str, invariant: bool = True) -> GPT:
