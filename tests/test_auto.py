@@ -59,6 +59,25 @@ def test_round_times_interpolate_and_extrapolate():
     assert rt(9) == pytest.approx(3.0)             # the fitted slope beyond them
 
 
+def test_round_times_never_believe_a_narrow_round_slower_than_a_wider_one():
+    """The table is built in one pass; every width must still read its own estimate capped by every seen wider
+    width's time (a narrow width timed in a slow moment is not believed over faster wider rounds)."""
+    import random
+    rng = random.Random(0)
+    for _ in range(300):
+        rt = RoundTimes(smoothing=1.0)
+        for _ in range(rng.randint(1, 10)):
+            rt.add(rng.randint(1, 30), rng.uniform(1.0, 3.0))
+        seen = dict(rt.by_width)
+        table = rt.table(34)
+        for w in range(1, 35):
+            wider = [t for v, t in seen.items() if v > w]
+            assert table[w] <= min(wider, default=float("inf")) + 1e-12
+            if w in seen:
+                assert table[w] == pytest.approx(min([seen[w]] + wider))
+            assert rt(w) == table[w]
+
+
 def test_depth_acceptance_counts_only_tested_depths():
     acc = DepthAcceptance(decay=1.0, prior_weight=0.0)
     acc.observe(proposed=4, accepted=1)   # depth 1 accepted, depth 2 rejected, 3-4 never tested
@@ -82,13 +101,19 @@ def test_greedy_output_is_the_targets_whatever_the_controller_chooses(regime):
         prompt = torch.randint(0, 97, (int(torch.randint(2, 12, (1,), generator=gen)),), generator=gen).tolist()
         prompt = prompt + prompt[:5]  # a repeat, so that prompt lookup finds matches
         auto = _auto(draft, clock) if regime != "real clock" else _auto(draft)
+        t0 = clock.t
         out, _ = decode(target, prompt, 40, auto)
+        t_auto, t0 = clock.t - t0, clock.t
         assert out == generate(target, prompt, 40), regime
+        t_plain = clock.t - t0
         shares = auto.summary()
         if regime == "speculation pays":
             assert shares.get(PLAIN, {}).get("share", 0) < 0.2, shares
-        if regime == "plain pays":  # only the first tries and the backed-off probes speculate
-            assert shares[PLAIN]["share"] > 0.75, shares
+        if regime == "plain pays":
+            # only the first tries, the backed-off probes and copies measured to pay speculate: the chain's two
+            # first tries (a draft pass costs two target passes here) cost about 14 of the 40 units of a plain
+            # generation; speculating without measuring would cost far more
+            assert shares[PLAIN]["share"] > 0.45 and t_auto < 1.45 * t_plain, (shares, t_auto, t_plain)
 
 
 def test_only_plain_costs_few_probes_on_a_long_generation():

@@ -136,3 +136,24 @@ def test_the_bound_catches_a_biased_rule(monkeypatch):
     monkeypatch.setattr(verify, "accept_sampled", replacement_from_p)
     d, bound = empirical_tv(model, N_RUNS, **ADAPTIVE)
     assert d > bound, f"the biased rule passed: TV {d:.4f} < bound {bound:.4f}"
+
+
+def test_the_ngram_index_finds_what_the_scan_finds():
+    """Lookup proposes from an incremental index (NgramIndex); on growing sequences, on sequences that are not a
+    continuation of the last one (another request), and for every n-gram range it must give find_match's answer."""
+    import random
+
+    from minigpt.decoding.lookup import NgramIndex, find_match
+    rng = random.Random(0)
+    for _ in range(200):
+        mx = rng.randint(1, 5)
+        mn, vocab = rng.randint(1, mx), rng.randint(2, 12)
+        index = NgramIndex(mx, mn)
+        seq = [rng.randrange(vocab) for _ in range(rng.randint(1, 5))]
+        for _ in range(40):
+            k = rng.randint(1, 10)
+            assert index.find_match(seq, k) == find_match(seq, mx, k, mn), (seq, mx, mn, k)
+            if rng.random() < 0.05:
+                seq = [rng.randrange(vocab) for _ in range(rng.randint(1, 30))]
+            else:
+                seq = seq + [rng.randrange(vocab) for _ in range(rng.randint(0, 6))]

@@ -35,8 +35,12 @@ measured. Acceptance belongs to the text: a generation starts from the last one'
 round, and how long a losing option waits before it is re-tried) only as a prior worth two observations per
 depth, which its own rounds outweigh within a few rounds.
 
-Options that lose are re-tried now and then (after 8 rounds, then 16, 32, ... while they keep losing), so a
-change in the text is found; those probes are the controller's only cost when plain decoding is best.
+A copying drafter's proposal is free, so the controller makes it every round and counts it against the tokens
+the round decided, whether it sent it or not (a copied token is one-hot: the chance that the decided token equals
+it is the chance it would have been accepted): its acceptance stays current through plain rounds. Other options
+that lose are re-tried now and then (after 8 rounds, then 16, 32, ... while they keep losing; a new generation
+waits at most 32 rounds), so a change in the text is found; those probes are the controller's only cost when
+plain decoding is best.
 ``Auto.choices`` records every round (option, tokens proposed, tokens kept) and :meth:`Auto.summary` how often
 each option was taken and its tokens per target pass.
 """
@@ -56,6 +60,7 @@ from .verify import Verified
 
 PLAIN = "plain"
 MATCH_CAP = 8  # match lengths from here on share one count (suffix decoding's matches reach 20 tokens and more)
+CARRIED_BACKOFF = 32  # a new generation re-tries an option that lost the last one after at most this many rounds
 
 
 class RoundTimes:
@@ -64,7 +69,11 @@ class RoundTimes:
     (before two widths are seen, ``prior_slope`` times the one-token round per extra token). A pass over more
     tokens never costs less than one over fewer, so every estimate is capped by each wider width's: a width
     timed once, in a slow moment (the process's first passes, a disturbed machine), is not believed over wider
-    rounds that were faster."""
+    rounds that were faster.
+
+    The controller reads many widths a round and the table changes after every round, so :meth:`table` builds
+    all the estimates at once in one pass over the widths (the cap is a running minimum from the widest width
+    down), rather than each width's from scratch."""
 
     def __init__(self, smoothing: float = 0.3, prior_slope: float = 0.05):
         self.smoothing, self.prior_slope = smoothing, prior_slope
@@ -78,40 +87,51 @@ class RoundTimes:
         self._table = None
 
     def table(self, max_width: int) -> list[float] | None:
-        """``[t(1), t(1), t(2), ..., t(max_width)]`` (index = width), kept until the next :meth:`add`: the
-        controller reads many widths a round, this estimates each once (None before any round was timed)."""
+        """``[t(1), t(1), t(2), ..., t(max_width)]`` (index = width; at least that long), kept until the next
+        :meth:`add` (None before any round was timed)."""
         if not self.by_width:
             return None
         if self._table is None or len(self._table) <= max_width:
-            self._table = [self(max(1, w)) for w in range(max_width + 1)]
+            self._table = self._build(max(max_width, max(self.by_width)))
         return self._table
 
     def __call__(self, width: int) -> float | None:
         """Estimated seconds of a round whose pass scores ``width`` tokens (None before any round was timed)."""
-        own = self._own(width)
-        return None if own is None else min([own] + [t for w, t in self.by_width.items() if w > width])
+        table = self.table(max(1, width))
+        return None if table is None else table[max(1, width)]
 
-    def _own(self, width: int) -> float | None:
-        """The estimate from the widths around ``width`` alone (measured, interpolated or extrapolated)."""
-        if width in self.by_width:
-            return self.by_width[width]
-        if not self.by_width:
-            return None
+    def _build(self, top: int) -> list[float]:
+        """Every width's estimate up to ``top`` (at least the widest seen): its own (measured, interpolated
+        between the seen widths around it, or extrapolated beyond them), then capped by the seen wider ones."""
         ws = sorted(self.by_width)
-        below = [w for w in ws if w < width]
-        above = [w for w in ws if w > width]
-        if below and above:
-            a, b = below[-1], above[0]
-            return self.by_width[a] + (self.by_width[b] - self.by_width[a]) * (width - a) / (b - a)
+        t = self.by_width
         if len(ws) >= 2:
             mean_w = sum(ws) / len(ws)
-            mean_t = sum(self.by_width[w] for w in ws) / len(ws)
+            mean_t = sum(t[w] for w in ws) / len(ws)
             var = sum((w - mean_w) ** 2 for w in ws)
-            slope = max(0.0, sum((w - mean_w) * (self.by_width[w] - mean_t) for w in ws) / var)
+            slope = max(0.0, sum((w - mean_w) * (t[w] - mean_t) for w in ws) / var)
         else:
-            slope = self.prior_slope * self.by_width[ws[0]]
-        edge = ws[-1] if above == [] else ws[0]
-        return max(1e-9, self.by_width[edge] + slope * (width - edge))
+            slope = self.prior_slope * t[ws[0]]
+        own = [0.0] * (top + 1)
+        i = 0  # ws[i] is the narrowest seen width >= w
+        for w in range(1, top + 1):
+            while i < len(ws) and ws[i] < w:
+                i += 1
+            if i < len(ws) and ws[i] == w:
+                own[w] = t[w]
+            elif 0 < i < len(ws):
+                a, b = ws[i - 1], ws[i]
+                own[w] = t[a] + (t[b] - t[a]) * (w - a) / (b - a)
+            else:
+                edge = ws[0] if i == 0 else ws[-1]
+                own[w] = max(1e-9, t[edge] + slope * (w - edge))
+        cap = float("inf")  # the fastest seen width above w
+        for w in range(top, 0, -1):
+            own[w] = min(own[w], cap)
+            if w in t:
+                cap = min(cap, t[w])
+        own[0] = own[1]
+        return own
 
 
 @dataclass
@@ -146,10 +166,11 @@ class DepthAcceptance:
             out.append(prior)
         return out
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe(self, proposed: int, accepted: int, censored: bool = False) -> None:
         """A chain of ``proposed`` tokens of which the first ``accepted`` stood (depths 1..accepted accepted, the
-        next one tested and rejected, deeper ones never tested)."""
-        tested = min(proposed, accepted + 1)
+        next one tested and rejected, deeper ones never tested). ``censored``: the first ``accepted`` stood and
+        nothing is known of the next one (a proposal checked against fewer decided tokens than it has)."""
+        tested = accepted if censored else min(proposed, accepted + 1)
         while len(self.tested) < tested:
             self.tested.append(0.0)
             self.accepted.append(0.0)
@@ -328,6 +349,7 @@ class Auto(Proposer):
         self.round = 0
         self.choices: list[tuple[str, int, int]] = []  # per round: option, tokens proposed, tokens kept
         self._pending = None  # (option or None, width, t_start, t_drafted, round-time table) of the round in flight
+        self._copies = {}     # this round's copying proposals: name -> (proposal, match length)
         self._tokens = 1
         self.plain_only = False  # set by the batch's choice (propose_batch): every sequence steps plainly
         self._batch_round = None  # (mode, start, batch size) of the batch round in flight (the batch's own copy)
@@ -339,7 +361,7 @@ class Auto(Proposer):
             o.seconds_per_token = m.seconds_per_token.get(o.name)
             o.arm_seconds = m.arm_seconds.get(o.name)
             o.arm_tokens = m.arm_tokens.get(o.name)
-            o.last_round, o.backoff = -1, m.backoff.get(o.name, 8)
+            o.last_round, o.backoff = -1, min(m.backoff.get(o.name, 8), CARRIED_BACKOFF)
             o.calibration = m.calibration.get(o.name, 1.0)
 
     def start(self, session) -> None:
@@ -397,8 +419,9 @@ class Auto(Proposer):
 
     # -- deciding ---------------------------------------------------------------------------------------------
     def _due(self, o: Option) -> bool:
-        """Whether a losing option is re-tried this round."""
-        return self.round - o.last_round >= o.backoff
+        """Whether a losing option is re-tried this round (a copying option never needs to be: it is checked every
+        round, :meth:`_observe_copy`)."""
+        return o.kind != "cheap" and self.round - o.last_round >= o.backoff
 
     def _best_length(self, acceptance: DepthAcceptance, most: int, draft_cost: float,
                      fixed_cost: float = 0.0) -> tuple[float, int]:
@@ -418,6 +441,7 @@ class Auto(Proposer):
         self._close_round(now)
         self._stats = session.stats
         self.round += 1
+        self._copies = {}
         root = session.seq[-1]
         for o in self.options:  # proposers that read every round's hidden states keep up even when not chosen
             catch_up = getattr(o.proposer, "catch_up", None)
@@ -427,7 +451,7 @@ class Auto(Proposer):
         if t_plain is None or room < 1 or self.plain_only:  # the first round is plain: it measures t(1)
             return self._start(None, Proposal([root], [-1]), now)
         best_rate, best = 1.0 / t_plain, None
-        cheap_proposals = {}
+        cheap_proposals = self._copies = {}
         for o in self.options:
             if o.kind == "cheap":
                 prop = o.proposer.propose(session, min(room, self.max_send))
@@ -436,9 +460,7 @@ class Auto(Proposer):
                 if not prop.is_chain:
                     raise ValueError(f"auto: the cheap option {o.name!r} must propose a chain")
                 rate, k = self._best_length(o.acceptance_for(_match(o)), len(prop.candidates), 0.0)
-                if self._due(o) and rate <= best_rate:
-                    rate, k = best_rate * (1 + 1e-9), min(2, len(prop.candidates))  # a probe
-                cheap_proposals[o.name] = prop
+                cheap_proposals[o.name] = (prop, _match(o))
                 if rate > best_rate:
                     best_rate, best = rate, (o, k)
             elif o.kind == "scored":
@@ -449,7 +471,7 @@ class Auto(Proposer):
                 rate = (1 + o.calibration * o.proposer.last_score) / self.times(width)
                 if self._due(o) and rate <= best_rate:
                     rate = best_rate * (1 + 1e-9)  # a probe
-                cheap_proposals[o.name] = prop
+                cheap_proposals[o.name] = (prop, None)
                 if rate > best_rate:
                     best_rate, best = rate, (o, None)
             elif o.kind == "chain":
@@ -475,9 +497,9 @@ class Auto(Proposer):
             return self._start(None, Proposal([root], [-1]), now)
         o, k = best
         if o.kind == "cheap":
-            return self._start(o, Proposal.chain(root, cheap_proposals[o.name].candidates[:k]), now)
+            return self._start(o, Proposal.chain(root, cheap_proposals[o.name][0].candidates[:k]), now)
         if o.kind == "scored":
-            return self._start(o, cheap_proposals[o.name], now)
+            return self._start(o, cheap_proposals[o.name][0], now)
         if o.kind == "chain":
             o.proposer.gamma = k
             o.proposer.feed(session)   # the catch-up after rounds without the chain: timed neither as drafting
@@ -503,6 +525,9 @@ class Auto(Proposer):
         kept = len(verified.path)
         self.choices.append((PLAIN if o is None else o.name, len(proposal.tokens) - 1, kept))
         self._stats.choices.append((self.choices[-1][0], kept + 1))
+        for other in self.options:  # every copying option's whole proposal, sent or not, against what was decided
+            if other.kind == "cheap" and other.name in self._copies:
+                self._observe_copy(other, *self._copies[other.name], verified.tokens)
         if o is None:
             return
         o.last_round = self.round
@@ -510,13 +535,28 @@ class Auto(Proposer):
             ratio = kept / max(o.proposer.last_score, 1e-9)
             o.calibration += self.smoothing * (min(ratio, 4.0) - o.calibration)
             o.proposer.observe(proposal, verified)
-        elif o.kind in ("cheap", "chain"):
-            o.acceptance.observe(len(proposal.candidates), kept)   # over all match lengths
-            if o.kind == "cheap" and _match(o) is not None:
-                o.acceptance_for(_match(o)).observe(len(proposal.candidates), kept)
-        else:
+        elif o.kind == "chain":
+            o.acceptance.observe(len(proposal.candidates), kept)
+        elif o.kind != "cheap":
             o.proposer.observe(proposal, verified)
         self._tokens = kept + 1
+
+    def _observe_copy(self, o: Option, proposal: Proposal, match: int | None, decided: list[int]) -> None:
+        """Count a copying option's acceptance by depth from its whole proposal of this round, whether it was sent
+        (and cut) or not: its candidates against the tokens the round decided (the accepted ones and the target's
+        own). A copied candidate is one-hot, so the chance that the target's decided token equals it is the
+        chance it would have been accepted (greedy: it is accepted exactly when it equals the target's argmax), and
+        counting it against the decided tokens measures acceptance without sending the candidate. Depths past the
+        decided tokens stay untested (a censored count). Such an option is never probed: it is measured every
+        round, including the plain ones."""
+        cands = proposal.candidates
+        j = 0
+        while j < len(cands) and j < len(decided) and cands[j] == decided[j]:
+            j += 1
+        censored = j == len(decided) and j < len(cands)
+        o.acceptance.observe(len(cands), j, censored)   # over all match lengths
+        if match is not None:
+            o.acceptance_for(match).observe(len(cands), j, censored)
 
     def _close_round(self, now: float) -> None:
         """Book the time of the round that just ended (from its start to now)."""

@@ -19,6 +19,8 @@ sequence so far: exactness is untouched (greedy: identical output; sampled: the 
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..model import GPT
@@ -96,6 +98,39 @@ def replay_lookup(prompt, output, max_ngram: int = 3, num_pred: int = 8, min_ngr
     return rounds
 
 
+class NgramIndex:
+    """Prompt lookup's search made incremental: for every n-gram (``min_ngram`` <= n <= ``max_ngram``) of a growing
+    sequence, the start of its most recent occurrence that has a token after it. A round then costs a dictionary
+    read per n and a few entries per new token, instead of a scan of the whole text (:func:`ngram_matches`), and
+    finds what :func:`find_match` finds. It keeps a copy of the tokens it has indexed; a sequence that is not a
+    continuation of them (another request) is indexed afresh."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        check_lookup(max_ngram, 1, min_ngram)
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.tokens: list[int] = []
+        self.latest: dict[tuple[int, ...], int] = {}   # n-gram -> start of its most recent occurrence before the end
+
+    def find_match(self, seq, num_pred: int) -> tuple[int, list[int]]:
+        """:func:`find_match` (``seq``, max_ngram, num_pred, min_ngram), from the index."""
+        seq = seq if isinstance(seq, list) else [int(t) for t in seq]
+        known = len(self.tokens)
+        if len(seq) < known or seq[:known] != self.tokens:   # not a continuation: start over
+            self.tokens, self.latest, known = [], {}, 0
+        tokens, latest = self.tokens, self.latest
+        tokens.extend(int(t) for t in seq[known:])
+        # n-grams that end before the last token have a token after them: index those not indexed yet
+        for end in range(max(known, 1), len(tokens)):
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                latest[tuple(tokens[end - n:end])] = end - n
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(tokens) > n:
+                start = latest.get(tuple(tokens[-n:]))
+                if start is not None:
+                    return n, tokens[start + n:start + n + num_pred]
+        return 0, []
+
+
 def check_lookup(max_ngram: int, num_pred: int, min_ngram: int) -> None:
     """ValueError in one line unless num_pred >= 1 and max_ngram >= min_ngram >= 1."""
     if num_pred < 1 or max_ngram < min_ngram or min_ngram < 1:
@@ -115,13 +150,19 @@ class Lookup(Proposer):
         self.max_ngram, self.num_pred, self.k, self.min_ngram = max_ngram, num_pred, num_pred, min_ngram
         self.adaptive, self.max_pred = adaptive, max_pred
         self.last_match = 0  # the n of the n-gram the last proposal copied after (0: no match)
+        self.index = NgramIndex(max_ngram, min_ngram)
         self.max_width = 1 + (max(max_pred, num_pred) if adaptive else num_pred)
 
     def start(self, session: Progress) -> None:
         self.k = self.num_pred  # every generation starts from the first length
 
+    def fork(self) -> "Lookup":
+        twin = copy.copy(self)
+        twin.index = NgramIndex(self.max_ngram, self.min_ngram)   # each sequence of a batch indexes its own text
+        return twin
+
     def propose(self, session: Session, room: int) -> Proposal:
-        self.last_match, drafted = find_match(session.seq, self.max_ngram, self.k, self.min_ngram)
+        self.last_match, drafted = self.index.find_match(session.seq, self.k)   # = find_match(session.seq, ...)
         return Proposal.chain(session.seq[-1], drafted[:room])  # copied tokens: deterministic, one-hot q
 
     def observe(self, proposal: Proposal, verified: Verified) -> None:
