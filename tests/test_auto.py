@@ -311,13 +311,20 @@ def test_a_batch_chooses_plain_steps_when_its_wide_passes_cost_more_than_they_ma
     clock.charge(draft, lambda n: 0.01)
     prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 6], [7, 8, 7, 8], [9, 3, 9]]
     auto = Auto({"lookup": Lookup(3, 16), "chain": Chain(draft, 4)}, clock=clock)
-    outs, stats, _ = decode_batch(target, prompts, 80, auto)
+    draft_passes = []
+    hook = draft.register_forward_pre_hook(lambda module, args: draft_passes.append(1))
+    outs, stats, bstats = decode_batch(target, prompts, 80, auto)
+    hook.remove()
     assert outs == [generate(target, p, 80) for p in prompts]
+    # the sequences that chose the chain draft together: a catch-up pass and one pass per drafted position a round
+    assert len(draft_passes) <= bstats.target_passes * (auto.gamma_max + 1), (len(draft_passes), bstats.target_passes)
     modes = auto.memory.batch[torch.get_num_threads(), 4]
     assert isinstance(modes, BatchChoice) and set(modes.rate) == {"plain", "speculate"}
     plain_share = sum(name == PLAIN for s in stats for name, _ in s.choices) / sum(len(s.choices) for s in stats)
     assert plain_share > 0.7 if regime == "plain pays" else plain_share < 0.3, plain_share
     assert (modes.rate[PLAIN] > modes.rate["speculate"]) == (regime == "plain pays"), modes.rate
+    if regime == "plain pays":   # a plain round makes one token per sequence in one time unit, whatever came before
+        assert modes.rate[PLAIN] == pytest.approx(len(prompts)), modes.rate
 
 
 def test_the_batch_choice_probes_the_losing_mode_less_and_less_often():

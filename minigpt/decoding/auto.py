@@ -294,6 +294,12 @@ class Memory:
             d.clear()
 
 
+def _drafting_key(name: str, batch: int):
+    """Where :class:`Memory` keeps a chain's drafting time per position: under its name for one sequence, under
+    (name, B) for a batch of B (one draft pass then serves B sequences)."""
+    return name if batch == 1 else (name, batch)
+
+
 def _match(o: Option) -> int | None:
     """The match length of a copying option's last proposal (capped at MATCH_CAP), or None if it says none."""
     match = getattr(o.proposer, "last_match", None)
@@ -318,6 +324,7 @@ class Auto(Proposer):
     ``clock``: the timer (``time.perf_counter``; tests pass a fake one); ``memory``: the :class:`Memory` to keep
     the machine's measurements in across generations (default: this controller's own). Choices follow measured
     time, so a seeded sampled run is distributed as the target's but not reproducible from its seed alone."""
+    batched = True   # in a batch, the sequences that chose the draft chain draft together (_draft_chains)
 
     def __init__(self, options: dict[str, Proposer], gamma_max: int = 8, max_send: int = 32, smoothing: float = 0.3,
                  clock=time.perf_counter, memory: Memory | None = None):
@@ -352,7 +359,9 @@ class Auto(Proposer):
         self._copies = {}     # this round's copying proposals: name -> (proposal, match length)
         self._tokens = 1
         self.plain_only = False  # set by the batch's choice (propose_batch): every sequence steps plainly
-        self._batch_round = None  # (mode, start, batch size) of the batch round in flight (the batch's own copy)
+        self.batch = 1           # how many sequences share the round (set by propose_batch)
+        self._chosen = None      # (chain option, round start) while its drafting is pending
+        self._batch_round = None  # (mode, start, sequences) of the batch round in flight (the batch's own copy)
         for o in self.options:
             m = self.memory
             o.acceptance = m.acceptance[o.name, None].carried() if (o.name, None) in m.acceptance else DepthAcceptance()
@@ -399,17 +408,27 @@ class Auto(Proposer):
         now, B = self.clock(), len(seqs)
         choice = self.memory.batch.setdefault((torch.get_num_threads(), B), BatchChoice())
         if self._batch_round is not None:  # the last batch round: its tokens (each sequence's) over its time
-            mode, start, size = self._batch_round
-            if size == B:
+            mode, start, last = self._batch_round
+            if len(last) == B and all(a is b for a, b in zip(last, seqs)):   # the same sequences, one round on
                 tokens = sum(s.proposer._tokens for s in seqs)
                 choice.book(mode, tokens / max(now - start, 1e-9), self.smoothing)
         mode = choice.choose()
-        self._batch_round = (mode, now, B)
+        self._batch_round = (mode, now, list(seqs))
         times = self.memory.round_times(self.smoothing, batch=B)   # a batch of B sequences has its own table
         for s in seqs:
-            s.proposer.times = times
+            s.proposer.times, s.proposer.batch = times, B
             s.proposer.plain_only = mode == PLAIN
-        proposals = super().propose_batch(seqs, rooms)
+            for o in s.proposer.options:   # drafting for B sequences at once costs its own time per position
+                if o.kind == "chain":
+                    o.seconds_per_token = self.memory.seconds_per_token.get(_drafting_key(o.name, B))
+        decided = [s.proposer._decide(s, r) for s, r in zip(seqs, rooms)]
+        drafting = [i for i, d in enumerate(decided) if d is None]   # those that chose the chain
+        if drafting:
+            made = self._draft_chains([seqs[i].proposer for i in drafting], [seqs[i] for i in drafting],
+                                      [rooms[i] for i in drafting], B)
+            for i, p in zip(drafting, made):
+                decided[i] = p
+        proposals = decided
         widest = max(len(p.tokens) + len(p.extra_tokens) for p in proposals)
         for s in seqs:
             pending = getattr(s.proposer, "_pending", None)
@@ -437,6 +456,12 @@ class Auto(Proposer):
         return best
 
     def propose(self, session: Session, room: int) -> Proposal:
+        proposal = self._decide(session, room)
+        return self._draft_chains([self], [session], [room], 1)[0] if proposal is None else proposal
+
+    def _decide(self, session: Session, room: int) -> Proposal | None:
+        """This round's choice, as the proposal to send; None when it is the draft chain (its gamma set on it),
+        which :meth:`_draft_chains` drafts, for all the sequences of a batch that chose it at once."""
         now = self.clock()
         self._close_round(now)
         self._stats = session.stats
@@ -502,17 +527,31 @@ class Auto(Proposer):
             return self._start(o, cheap_proposals[o.name][0], now)
         if o.kind == "chain":
             o.proposer.gamma = k
-            o.proposer.feed(session)   # the catch-up after rounds without the chain: timed neither as drafting
-            t0 = self.clock()          # nor in the round (it is paid once per return to the chain)
-            prop = o.proposer.propose(session, room)
-            n = len(prop.candidates)
-            if n:
-                spt = (self.clock() - t0) / n
-                o.seconds_per_token = spt if o.seconds_per_token is None else \
-                    o.seconds_per_token + self.smoothing * (spt - o.seconds_per_token)
-                self.memory.seconds_per_token[o.name] = o.seconds_per_token
-            return self._start(o, prop, now, drafted_at=self.clock())
+            self._chosen = (o, now)
+            return None
         return self._start(o, o.proposer.propose(session, room), now)
+
+    def _draft_chains(self, controllers: list["Auto"], seqs: list, rooms: list[int], batch: int) -> list[Proposal]:
+        """The chains that ``controllers`` (this one, or the copies of a batch's sequences) chose this round, drafted
+        together: first one draft pass catches every draft up on the tokens it has not seen (timed neither as
+        drafting nor in the round: it is paid once per return to the chain), then one draft pass per drafted
+        position serves all of them (:meth:`~.chain.Chain.propose_batch`). The drafting time per position is
+        booked for batches of this size (``batch``; solo under the option's name) and every round starts."""
+        chains = [c._chosen[0].proposer for c in controllers]
+        chains[0].feed_batch(seqs)
+        t0 = self.clock()
+        proposals = chains[0].propose_batch_for(chains, seqs, rooms)
+        drafted_at = self.clock()
+        most = max(len(p.candidates) for p in proposals)
+        first = controllers[0]._chosen[0]
+        if most:
+            spt = (drafted_at - t0) / most
+            old = first.seconds_per_token
+            new = spt if old is None else old + self.smoothing * (spt - old)
+            self.memory.seconds_per_token[_drafting_key(first.name, batch)] = new
+            for c in controllers:
+                c._chosen[0].seconds_per_token = new
+        return [c._start(c._chosen[0], p, c._chosen[1], drafted_at=drafted_at) for c, p in zip(controllers, proposals)]
 
     def _start(self, o: Option | None, proposal: Proposal, t_start: float, drafted_at: float | None = None) -> Proposal:
         width = len(proposal.tokens) + len(proposal.extra_tokens)
@@ -523,6 +562,7 @@ class Auto(Proposer):
     def observe(self, proposal: Proposal, verified: Verified) -> None:
         o = self._pending[0]
         kept = len(verified.path)
+        self._tokens = kept + 1   # what this round made (a batch books its rounds by it, plain ones included)
         self.choices.append((PLAIN if o is None else o.name, len(proposal.tokens) - 1, kept))
         self._stats.choices.append((self.choices[-1][0], kept + 1))
         for other in self.options:  # every copying option's whole proposal, sent or not, against what was decided
@@ -539,7 +579,6 @@ class Auto(Proposer):
             o.acceptance.observe(len(proposal.candidates), kept)
         elif o.kind != "cheap":
             o.proposer.observe(proposal, verified)
-        self._tokens = kept + 1
 
     def _observe_copy(self, o: Option, proposal: Proposal, match: int | None, decided: list[int]) -> None:
         """Count a copying option's acceptance by depth from its whole proposal of this round, whether it was sent

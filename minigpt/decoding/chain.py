@@ -98,15 +98,25 @@ class Chain(Proposer):
     def propose_batch(self, seqs: list[Progress], rooms: list[int]) -> list[Proposal]:
         return self._draft([s.proposer for s in seqs], seqs, rooms)
 
-    @torch.no_grad()
+    def propose_batch_for(self, owners: list["Chain"], seqs: list[Progress], rooms: list[int]) -> list[Proposal]:
+        """:meth:`propose_batch` for sequences whose chains are ``owners`` (each with its own gamma), when the
+        sequences' own proposers are something else (the speculation controller, which chose the chain for them)."""
+        return self._draft(owners, seqs, rooms)
+
     def feed(self, session: Progress) -> None:
         """Bring the draft's cache up to all but the newest token, in one draft pass, so that the next proposal's
         first pass reads one token. A proposal makes this catch-up itself; the speculation controller makes it
         first, so that the drafting it times is the drafting alone (after rounds without the chain, the
         catch-up reads every token since, at first the whole prompt)."""
-        behind = session.seq[session.draft_cache.length:-1]
+        self.feed_batch([session])
+
+    @torch.no_grad()
+    def feed_batch(self, seqs: list[Progress]) -> None:
+        """:meth:`feed` for several sequences in one ragged draft pass."""
+        behind = [(s.draft_cache, s.seq[s.draft_cache.length:-1]) for s in seqs]
+        behind = [(cache, tokens) for cache, tokens in behind if tokens]
         if behind:
-            score_ragged(self.draft, [session.draft_cache], [behind])
+            score_ragged(self.draft, [cache for cache, _ in behind], [tokens for _, tokens in behind])
 
     def _draft(self, owners: list["Chain"], seqs: list, rooms: list[int]) -> list[Proposal]:
         """Each sequence's chain, its length its own proposer's (``owners``) gamma, never past the requested length:
