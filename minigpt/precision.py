@@ -17,10 +17,12 @@ bitwise equal for every k. Each part that reduces is made shape-independent:
 * **attention** (:class:`InvariantAttention`) reduces every query over a key axis whose length depends only on
   that query's own position (rounded up to a multiple of ``bucket``), with its keys laid out from position 0
   in order; a token tree's node gathers its ancestors' keys into that layout. Positions beyond the query's
-  keys are masked to exactly zero weight. Each query row is a batch element of its own in the two batched
-  products (its heads' scores over its keys, then the weighted sum of values), in the model's dtype, so a
-  row's arithmetic is the same whatever the number of rows (a one-token step takes a shorter road to the same
-  two products);
+  keys are masked to exactly zero weight. A query row's heads meet its keys in two batched products (scores,
+  then the weighted sum of values), in the model's dtype. The rows of a wide pass share one product per key
+  head where :func:`grouped_rows_agree` finds this build's product gives a row the same bits beside other rows
+  as alone; elsewhere each row is a batch element of its own, with its own copy of its keys. Either way a row's
+  arithmetic is the same whatever the number of rows (a one-token step takes a shorter road to the same two
+  products);
 * **norms**, activations and residual additions work row by row, element by element.
 
 Precisions: ``"fp32"`` (the course's model, unchanged), ``"bf16"`` (bf16 weights) and ``"int4"`` (the blocks'
@@ -148,6 +150,32 @@ def _layer(kind: str, linear: nn.Linear, piece: int | None) -> nn.Module:
     return Int4Linear(linear) if kind == "int4" else Int8Linear(linear)
 
 
+_grouped_checks: dict[tuple, bool] = {}
+
+
+def grouped_rows_agree(batch: int, g: int, hs: int, L: int, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this build's batched product gives a query row's ``g`` heads the same bits when the rows of several
+    queries share one product (``k * g`` rows against the same ``L`` keys of ``hs`` numbers, ``batch`` products at
+    once) as when each query's ``g`` rows go alone, for both of attention's products (scores, then the weighted
+    sum of values), at k in CHECK_ROWS, with this thread count. Checked once per shape on random data; where it
+    holds, a wide pass shares each key head's keys between its rows instead of copying them per row."""
+    key = (batch, g, hs, L, dtype, torch.get_num_threads())
+    if key not in _grouped_checks:
+        gen = torch.Generator().manual_seed(0)
+        keys = torch.randn(batch, L, hs, generator=gen).to(dtype).transpose(1, 2)   # as the scores read K
+        values = torch.randn(batch, L, hs, generator=gen).to(dtype)
+        ok = True
+        with torch.no_grad():
+            for k in CHECK_ROWS:
+                for right, width in ((keys, hs), (values, L)):
+                    rows = torch.randn(batch, k * g, width, generator=gen).to(dtype)
+                    together = torch.bmm(rows, right)
+                    alone = torch.cat([torch.bmm(rows[:, i * g:(i + 1) * g], right) for i in range(k)], 1)
+                    ok = ok and torch.equal(together, alone)
+        _grouped_checks[key] = ok
+    return _grouped_checks[key]
+
+
 _last_keys: list = [None, None]  # (mask, start) of the last pass and its key lists: every layer asks the same
 
 
@@ -217,11 +245,19 @@ class InvariantAttention(CausalSelfAttention):
 
     def _attend(self, q, K, V, lengths):
         """q (B, n_kv, g, m, hs) against the first slots of K, V (B, n_kv, L, hs); row i sees its first
-        ``lengths[i]`` slots. Each query row is a batch element of its own in two batched products (its g heads
-        against its L keys), so its arithmetic does not depend on how many rows the pass has. Returns
-        (B, n_kv, g, m, hs)."""
+        ``lengths[i]`` slots. Each query row's arithmetic must not depend on how many rows the pass has. Where
+        this build's batched product is checked to give a row the same bits beside other rows
+        (:func:`grouped_rows_agree`), the m rows of a key head share one product against its keys; otherwise
+        each row is a batch element of its own, with its own copy of the keys. Returns (B, n_kv, g, m, hs)."""
         B, H, g, m, hs = q.shape
         L = K.shape[2]
+        if m > 1 and grouped_rows_agree(B * H, g, hs, L, q.dtype):
+            rows = q.permute(0, 1, 3, 2, 4).reshape(B * H, m * g, hs)         # (B n_kv, m g, hs): row by row
+            scores = torch.bmm(rows, K.reshape(B * H, L, hs).transpose(1, 2)) / math.sqrt(hs)   # (B n_kv, m g, L)
+            unseen = torch.arange(L, device=q.device)[None, :] >= lengths[:, None]              # (m, L)
+            scores = scores.masked_fill(unseen.repeat_interleave(g, 0)[None], float("-inf"))
+            out = torch.bmm(torch.softmax(scores, dim=-1), V.reshape(B * H, L, hs))            # (B n_kv, m g, hs)
+            return out.reshape(B, H, m, g, hs).permute(0, 1, 3, 2, 4)
         rows = q.permute(0, 1, 3, 2, 4).reshape(B * H * m, g, hs)             # (B n_kv m, g, hs)
         Kr = K.unsqueeze(2).expand(B, H, m, L, hs).reshape(B * H * m, L, hs)  # each row's own copy of its keys
         Vr = V.unsqueeze(2).expand(B, H, m, L, hs).reshape(B * H * m, L, hs)

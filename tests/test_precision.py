@@ -236,3 +236,28 @@ def test_rows_vs_alone_sees_a_shape_dependent_kernel():
     assert rows_vs_alone(lambda x: torch.stack([lin(r) for r in x]), 64) == {2: 0.0, 5: 0.0, 17: 0.0}
     shifty = lambda x: lin(x) + 1e-3 * x.shape[0]        # noqa: E731 (depends on how many rows come together)
     assert all(d > 0 for d in rows_vs_alone(shifty, 64).values())
+
+
+def test_the_shared_keys_road_gives_the_per_row_roads_bits(monkeypatch):
+    """Where the build's batched product passes the check (grouped_rows_agree), a wide pass shares each key head's
+    keys between its rows; its logits must be bitwise those of the per-row road (each row with its own copy of
+    the keys), which the k-token tests tie to single steps."""
+    import minigpt.precision as precision
+    model = reduce_precision(_model("llama"), "int4")
+    attn = next(m for m in model.modules() if isinstance(m, InvariantAttention))
+    g, hs = attn.n_head // attn.n_kv_head, attn.head_size
+    if not precision.grouped_rows_agree(attn.n_kv_head, g, hs, attn.bucket):
+        pytest.skip("this build's batched product fails the check: every wide pass takes the per-row road")
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.randint(0, 96, (40,), generator=gen).tolist()
+    tokens = torch.randint(0, 96, (17,), generator=gen).tolist()
+
+    def wide_pass():
+        cache = KVCache.for_model(model, max_len=80)
+        with torch.no_grad():
+            model(torch.tensor([prefix]), cache=cache)
+            return model(torch.tensor([tokens]), cache=cache)[0]
+
+    shared = wide_pass()
+    monkeypatch.setattr(precision, "grouped_rows_agree", lambda *args, **kw: False)
+    assert torch.equal(shared, wide_pass())
