@@ -235,13 +235,12 @@ class InvariantAttention(CausalSelfAttention):
 
     def _attend_all(self, rows, K, V, n: int, max_len: int):
         """:meth:`_attend` for one query row per (sequence, key head), ``rows`` (B n_kv, g, hs), that sees the
-        cache's first ``n`` keys: the same two batched products over the same slots, without the bookkeeping of
-        several rows. Returns (B n_kv, g, hs)."""
+        cache's first ``n`` keys: the same two products over the same slots, without the bookkeeping of several
+        rows. Returns (B n_kv, g, hs)."""
         B, H, _, hs = K.shape
         L = self._slots(n, max_len)
-        scores = torch.bmm(rows, K[:, :, :L].reshape(B * H, L, hs).transpose(1, 2)) / math.sqrt(hs)
-        scores[..., n:] = float("-inf")
-        return torch.bmm(torch.softmax(scores, dim=-1), V[:, :, :L].reshape(B * H, L, hs))
+        unseen = torch.arange(L, device=rows.device) >= n                       # (L,)
+        return _two_products(rows, K[:, :, :L].reshape(B * H, L, hs), V[:, :, :L].reshape(B * H, L, hs), unseen)
 
     def _attend(self, q, K, V, lengths):
         """q (B, n_kv, g, m, hs) against the first slots of K, V (B, n_kv, L, hs); row i sees its first
@@ -251,21 +250,26 @@ class InvariantAttention(CausalSelfAttention):
         each row is a batch element of its own, with its own copy of the keys. Returns (B, n_kv, g, m, hs)."""
         B, H, g, m, hs = q.shape
         L = K.shape[2]
+        unseen = torch.arange(L, device=q.device)[None, :] >= lengths[:, None]  # (m, L)
         if m > 1 and grouped_rows_agree(B * H, g, hs, L, q.dtype):
             rows = q.permute(0, 1, 3, 2, 4).reshape(B * H, m * g, hs)         # (B n_kv, m g, hs): row by row
-            scores = torch.bmm(rows, K.reshape(B * H, L, hs).transpose(1, 2)) / math.sqrt(hs)   # (B n_kv, m g, L)
-            unseen = torch.arange(L, device=q.device)[None, :] >= lengths[:, None]              # (m, L)
-            scores = scores.masked_fill(unseen.repeat_interleave(g, 0)[None], float("-inf"))
-            out = torch.bmm(torch.softmax(scores, dim=-1), V.reshape(B * H, L, hs))            # (B n_kv, m g, hs)
-            return out.reshape(B, H, m, g, hs).permute(0, 1, 3, 2, 4)
-        rows = q.permute(0, 1, 3, 2, 4).reshape(B * H * m, g, hs)             # (B n_kv m, g, hs)
-        Kr = K.unsqueeze(2).expand(B, H, m, L, hs).reshape(B * H * m, L, hs)  # each row's own copy of its keys
-        Vr = V.unsqueeze(2).expand(B, H, m, L, hs).reshape(B * H * m, L, hs)
-        scores = torch.bmm(rows, Kr.transpose(1, 2)) / math.sqrt(hs)          # (B n_kv m, g, L)
-        unseen = torch.arange(L, device=q.device)[None, :] >= lengths[:, None]  # (m, L)
-        scores = scores.masked_fill(unseen.repeat(B * H, 1)[:, None, :], float("-inf"))
-        out = torch.bmm(torch.softmax(scores, dim=-1), Vr)                    # (B n_kv m, g, hs)
+            out = _two_products(rows, K.reshape(B * H, L, hs), V.reshape(B * H, L, hs),
+                                unseen.repeat_interleave(g, 0))                # (B n_kv, m g, hs)
+        else:
+            rows = q.permute(0, 1, 3, 2, 4).reshape(B * H * m, g, hs)         # (B n_kv m, g, hs)
+            Kr = K.unsqueeze(2).expand(B, H, m, L, hs).reshape(B * H * m, L, hs)   # each row's own copy of its keys
+            Vr = V.unsqueeze(2).expand(B, H, m, L, hs).reshape(B * H * m, L, hs)
+            out = _two_products(rows, Kr, Vr, unseen.repeat(B * H, 1)[:, None, :])   # (B n_kv m, g, hs)
         return out.reshape(B, H, m, g, hs).permute(0, 1, 3, 2, 4)
+
+
+def _two_products(rows: torch.Tensor, K: torch.Tensor, V: torch.Tensor, unseen: torch.Tensor) -> torch.Tensor:
+    """Attention's arithmetic, the same on every road of :class:`InvariantAttention`: ``rows`` (N, R, hs) against
+    K, V (N, L, hs), softmax(rows K^T / sqrt(hs)) V, with the slots where ``unseen`` (broadcast to (N, R, L)) is
+    True at exactly zero weight. Returns (N, R, hs)."""
+    scores = torch.bmm(rows, K.transpose(1, 2)) / math.sqrt(rows.shape[-1])
+    scores = scores.masked_fill(unseen, float("-inf"))
+    return torch.bmm(torch.softmax(scores, dim=-1), V)
 
 
 def reduce_precision(model: GPT, precision: str, invariant: bool = True) -> GPT:
