@@ -359,7 +359,6 @@ class Auto(Proposer):
         self._copies = {}     # this round's copying proposals: name -> (proposal, match length)
         self._tokens = 1
         self.plain_only = False  # set by the batch's choice (propose_batch): every sequence steps plainly
-        self.batch = 1           # how many sequences share the round (set by propose_batch)
         self._chosen = None      # (chain option, round start) while its drafting is pending
         self._batch_round = None  # (mode, start, sequences) of the batch round in flight (the batch's own copy)
         for o in self.options:
@@ -416,7 +415,7 @@ class Auto(Proposer):
         self._batch_round = (mode, now, list(seqs))
         times = self.memory.round_times(self.smoothing, batch=B)   # a batch of B sequences has its own table
         for s in seqs:
-            s.proposer.times, s.proposer.batch = times, B
+            s.proposer.times = times
             s.proposer.plain_only = mode == PLAIN
             for o in s.proposer.options:   # drafting for B sequences at once costs its own time per position
                 if o.kind == "chain":
@@ -476,7 +475,7 @@ class Auto(Proposer):
         if t_plain is None or room < 1 or self.plain_only:  # the first round is plain: it measures t(1)
             return self._start(None, Proposal([root], [-1]), now)
         best_rate, best = 1.0 / t_plain, None
-        cheap_proposals = self._copies = {}
+        cheap_proposals = self._copies
         for o in self.options:
             if o.kind == "cheap":
                 prop = o.proposer.propose(session, min(room, self.max_send))
@@ -505,7 +504,7 @@ class Auto(Proposer):
                     rate, k = float("inf"), min(2, most)
                 else:
                     # a return to the chain after another option's round costs one more draft pass: the
-                    # catch-up over the tokens the draft has not seen (Chain.feed)
+                    # catch-up over the tokens the draft has not seen (Chain.feed_batch)
                     back = 0.0 if o.last_round == self.round - 1 else o.seconds_per_token
                     rate, k = self._best_length(o.acceptance, most, o.seconds_per_token, back)
                     if self._due(o) and rate <= best_rate:

@@ -96,23 +96,19 @@ class Chain(Proposer):
         return self._draft([self], [session], [room])[0]
 
     def propose_batch(self, seqs: list[Progress], rooms: list[int]) -> list[Proposal]:
-        return self._draft([s.proposer for s in seqs], seqs, rooms)
+        return self.propose_batch_for([s.proposer for s in seqs], seqs, rooms)
 
     def propose_batch_for(self, owners: list["Chain"], seqs: list[Progress], rooms: list[int]) -> list[Proposal]:
         """:meth:`propose_batch` for sequences whose chains are ``owners`` (each with its own gamma), when the
         sequences' own proposers are something else (the speculation controller, which chose the chain for them)."""
         return self._draft(owners, seqs, rooms)
 
-    def feed(self, session: Progress) -> None:
-        """Bring the draft's cache up to all but the newest token, in one draft pass, so that the next proposal's
-        first pass reads one token. A proposal makes this catch-up itself; the speculation controller makes it
-        first, so that the drafting it times is the drafting alone (after rounds without the chain, the
-        catch-up reads every token since, at first the whole prompt)."""
-        self.feed_batch([session])
-
     @torch.no_grad()
     def feed_batch(self, seqs: list[Progress]) -> None:
-        """:meth:`feed` for several sequences in one ragged draft pass."""
+        """Bring each sequence's draft cache up to all but its newest token, in one ragged draft pass, so that the
+        next proposal's first pass reads one token. A proposal makes this catch-up itself; the speculation
+        controller makes it first, so that the drafting it times is the drafting alone (after rounds without the
+        chain, the catch-up reads every token since, at first the whole prompt)."""
         behind = [(s.draft_cache, s.seq[s.draft_cache.length:-1]) for s in seqs]
         behind = [(cache, tokens) for cache, tokens in behind if tokens]
         if behind:
