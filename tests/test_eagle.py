@@ -216,3 +216,37 @@ def test_training_a_head_gives_the_target_back_as_it_came(trainer):
                     data=data, progress=False)
     assert target.training and all(p.requires_grad for p in target.parameters())
     assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
+
+
+class RecordingEagle(Eagle):
+    """An Eagle proposer that keeps every round's proposal (tokens, parents) and its head passes."""
+
+    def propose(self, session, room):
+        proposal = super().propose(session, room)
+        self.seen = getattr(self, "seen", []) + [(proposal.tokens, proposal.parents, proposal.draft_passes)]
+        return proposal
+
+
+def test_stopping_early_verifies_the_same_trees_with_fewer_head_passes(target, tokenizer, val_texts):
+    try:
+        head = load_eagle(target)
+    except Exception:
+        pytest.skip("no EAGLE head shipped for the target")
+    rng = random.Random(2)
+    texts = [t for t in val_texts if len(t) > 3000]
+    saved = 0
+    for _ in range(6):
+        text = rng.choice(texts)
+        s = rng.randrange(len(text) - 2000)
+        prompt = tokenizer.encode_ordinary(text[s:s + 2000])[:rng.randint(8, 80)]
+        runs = []
+        for stop_early in (True, False):
+            proposer = RecordingEagle(head, depth=6, top_k=4, total_tokens=8, stop_early=stop_early)
+            ids, stats = decode(target, prompt, 40, proposer)
+            runs.append((ids, [(t, p) for t, p, _ in proposer.seen], stats.draft_passes))
+        (ids, trees, passes), (full_ids, full_trees, full_passes) = runs
+        assert ids == full_ids == generate(target, prompt, 40)
+        assert trees == full_trees  # the same tree verified every round
+        assert passes <= full_passes
+        saved += full_passes - passes
+    assert saved > 0  # and some rounds stopped early

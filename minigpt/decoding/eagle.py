@@ -9,6 +9,13 @@ own token, attending to its ancestors only). At the end the ``total_tokens`` nod
 probability form the tree the target verifies -- a set that is closed under "parent of", since a path is never
 more probable than its prefix.
 
+That last fact also says when to stop growing. A node's descendants are never more probable than it is, so once
+``total_tokens`` nodes are found, a frontier node no more probable than the ``total_tokens``-th best of them can
+add nothing to the verified tree: it is not expanded, and when no frontier node is left the growth stops early,
+without the head's remaining passes. The tree verified is the one the full ``depth`` levels would have chosen;
+only the passes that could not change it are skipped. A path the head is sure of keeps growing; where every
+deeper guess is already less likely than the shallow nodes found, the growth stops.
+
 Candidates are the head's top tokens, chosen deterministically, so their q is one-hot and the exact rules of
 :mod:`.verify` apply: greedy output is the target's own, sampled output has the target's distribution.
 """
@@ -30,13 +37,18 @@ class Eagle(Proposer):
     The head's KV cache is this proposer's own, made for each generation by :meth:`start`: entries
     t = (f_t, x_{t+1}) for every position the target has cached, plus, during a round, the tree's entries, which
     are dropped again before verification. In a batch each sequence's copy keeps its own head cache and drafts
-    on its own (the head's passes are not batched); the target's verification is."""
+    on its own (the head's passes are not batched); the target's verification is.
+
+    stop_early: skip the levels that cannot change the verified tree (see the module's docstring); False grows
+    all ``depth`` levels, for comparison (the tree verified is the same)."""
     needs_hidden = True
 
-    def __init__(self, head: EagleHead, depth: int = 6, top_k: int = 8, total_tokens: int = 24):
+    def __init__(self, head: EagleHead, depth: int = 6, top_k: int = 8, total_tokens: int = 24,
+                 stop_early: bool = True):
         if depth < 1 or top_k < 1 or total_tokens < 1:
             raise ValueError(f"depth, top_k and total_tokens must be at least 1, got {depth}, {top_k}, {total_tokens}")
         self.head, self.depth, self.top_k, self.total_tokens = head, depth, top_k, total_tokens
+        self.stop_early = stop_early
         self.max_width = 1 + total_tokens
         # what the head reads from the target: its final hidden states, or (EAGLE-3) the outputs of a low, a
         # middle and a high layer, which the verification pass records as it runs (GPT.features)
@@ -109,6 +121,13 @@ class Eagle(Proposer):
             frontier = sorted(children, key=lambda n: -score[n])[:self.top_k]
             if d == min(self.depth, room):
                 break
+            if self.stop_early and len(tokens) > self.total_tokens:
+                # the total_tokens-th best score so far: a descendant is never more probable than its ancestor,
+                # and a tie goes to the shallower node, so a frontier node at or below it has nothing to add
+                bar = sorted(score[1:], reverse=True)[self.total_tokens - 1]
+                frontier = [n for n in frontier if score[n] > bar]
+                if not frontier:
+                    break
             # one head pass over the new frontier: each node reads its parent's feature and its own token, and
             # sees the real entries and its ancestors' entries
             past = self.cache.length
