@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import perturbed_copy, random_model
-from minigpt.decoding.auto import PLAIN, Auto, DepthAcceptance, Memory, RoundTimes
+from minigpt.decoding.auto import (PLAIN, Auto, DepthAcceptance, Memory, RoundTimes, TreeCalibration,
+                                   depth_probabilities, reached_depth)
 from minigpt.decoding.candidates import Proposal
 from minigpt.decoding.eagle import Eagle
 from minigpt.decoding.session import Proposer
@@ -23,6 +24,7 @@ from minigpt.decoding.chain import Chain
 from minigpt.decoding.lookup import Lookup
 from minigpt.decoding.plain import generate
 from minigpt.decoding.session import decode
+from minigpt.decoding.suffix import Suffix
 from minigpt.exactness import tv_bound, tv_distance
 from minigpt.sampling import SamplingConfig
 
@@ -342,3 +344,51 @@ def test_the_batch_choice_probes_the_losing_mode_less_and_less_often():
         mode = choice.choose()
         choice.book(mode, 20.0 if mode == "speculate" else 10.0, smoothing=1.0)
     assert choice.best() == "speculate"
+
+
+def test_a_tree_is_walked_by_the_decided_tokens_and_its_depths_are_summed():
+    #        root
+    #       /    \
+    #     5 (.6)  6 (.3)
+    #     |        |
+    #     7 (.5)   8 (.2)
+    #     |
+    #     9 (.4)
+    tokens, parents, probs = [5, 6, 7, 8, 9], [-1, -1, 0, 1, 2], [0.6, 0.3, 0.5, 0.2, 0.4]
+    assert depth_probabilities(parents, probs) == pytest.approx([0.9, 0.7, 0.4])
+    assert reached_depth(tokens, parents, [5, 7, 9, 1]) == 3
+    assert reached_depth(tokens, parents, [6, 8, 9]) == 2
+    assert reached_depth(tokens, parents, [6, 7]) == 1     # 7 hangs under 5, not under 6
+    assert reached_depth(tokens, parents, [4]) == 0
+    cal = TreeCalibration(decay=1.0, prior_weight=0.0)
+    cal.observe([0.9, 0.7, 0.4], reached=1, known=3)        # got past depth 1, missed depth 2 (so 3 too)
+    cal.observe([0.9, 0.7, 0.4], reached=1, known=1)        # one decided token, matched: deeper unknown
+    assert cal.reached == [2.0, 0.0, 0.0] and cal.expected == pytest.approx([1.8, 0.7, 0.4])
+    assert cal.ratio(1) == pytest.approx(2 / 1.8) and cal.ratio(2) == 0.0
+    assert cal.expected_tokens([0.9, 0.7]) == pytest.approx(0.9 * 2 / 1.8)
+    assert TreeCalibration().expected_tokens([0.5, 0.25]) == pytest.approx(0.75)   # unmeasured: the counts' own
+
+
+def test_suffix_trees_are_counted_every_round_as_deep_as_a_sent_round_accepts():
+    """The controller counts suffix decoding's tree against every round's decided tokens, sent or not; in the
+    rounds it was sent, that count is exactly the depth the target accepted."""
+    target = random_model(3)
+    text = list(range(10, 26))
+    clock = FakeClock()
+    clock.charge(target, lambda n: 1.0 + 0.1 * (n - 1))
+    auto = Auto({"suffix": Suffix()}, clock=clock)
+    rounds = []   # (sent, depth the decided tokens walk down the tree, tokens decided)
+    observe = auto._observe_tree
+
+    def spy(o, proposal, by_depth, decided):
+        depth = reached_depth(proposal.candidates, [p - 1 for p in proposal.parents[1:]], decided)
+        rounds.append((auto._pending[0] is o, depth, len(decided)))
+        observe(o, proposal, by_depth, decided)
+
+    auto._observe_tree = spy
+    for prompt in (text * 2 + [3], text + [7] + text[:4], [1, 2, 3, 4] * 6):
+        assert decode(target, prompt, 24, auto)[0] == generate(target, prompt, 24)
+    sent = [r for r in rounds if r[0]]
+    assert sent and len(sent) < len(rounds)          # counted in the rounds it was sent and in the others
+    assert all(depth == decided - 1 for _, depth, decided in sent)   # a sent tree: its walk is what was kept
+    assert auto.options[0].calibration.expected[0] > 0

@@ -22,9 +22,10 @@ seconds, and plain decoding yields 1 token in t_round(1). The options:
 * **copying drafters** (prompt lookup, suffix decoding: ``cheap = True``): their proposal costs next to nothing,
   so the controller makes it first and then decides how many of its tokens to send, k = 0 (a plain step) .. all;
 * **scored drafters** (suffix decoding's tree, ``scored = True``): also free to propose, and each proposal says
-  how many tokens it expects accepted (``last_score``, from its counts); the controller sends the tree when
-  1 + calibration x score tokens in t(width) beat the other options, the calibration being the measured
-  accepted / score (a moving average);
+  how likely each of its nodes is (``last_probs``, from its counts), so the probability P_d that a round gets
+  past depth d is the sum of its depth-d nodes'; the controller sends the tree when 1 + sum_d c_d P_d tokens in
+  t(width) beat the other options, c_d being the measured (reached depth d) / (its P_d summed over rounds) at
+  each depth (:class:`TreeCalibration`): the counts' estimates are not equally wrong at every depth;
 * **draft chains** (:class:`~.chain.Chain`): the controller picks gamma (0 .. ``gamma_max``) before drafting;
 * **any other proposer** (EAGLE's and Medusa's trees, lookup trees, lookahead) is an *arm*: its rate is measured
   as a whole (tokens per round over seconds per round).
@@ -37,7 +38,10 @@ depth, which its own rounds outweigh within a few rounds.
 
 A copying drafter's proposal is free, so the controller makes it every round and counts it against the tokens
 the round decided, whether it sent it or not (a copied token is one-hot: the chance that the decided token equals
-it is the chance it would have been accepted): its acceptance stays current through plain rounds. Other options
+it is the chance it would have been accepted): its acceptance stays current through plain rounds. A scored tree
+is counted the same way: the decided tokens walk down it as far as it has their nodes, which is how deep the
+round would have accepted it (the greedy rule accepts the deepest path that agrees; the exact sampled rule
+accepts a child exactly when the target's token is that child). Other options
 that lose are re-tried now and then (after 8 rounds, then 16, 32, ... while they keep losing; a new generation
 waits at most 32 rounds), so a change in the text is found; those probes are the controller's only cost when
 plain decoding is best.
@@ -198,6 +202,79 @@ class DepthAcceptance:
 
 
 @dataclass
+class TreeCalibration:
+    """How far a scored drafter's own estimates are to be trusted, depth by depth: at depth d, the rounds whose
+    tree was found to get past depth d (``reached``) over the sum of the tree's own probability of getting there
+    (``expected``, the sum of its depth-d nodes' probabilities), both with exponential forgetting (``decay`` per
+    observation) and a prior of ``prior_weight`` expected tokens at ratio 1 (the counts believed until measured).
+    A depth the round's decided tokens did not reach is left out (censored): nothing is known there."""
+    decay: float = 0.9
+    prior_weight: float = 1.0
+    reached: list[float] = field(default_factory=list)
+    expected: list[float] = field(default_factory=list)
+
+    def ratio(self, depth: int) -> float:
+        """c_d for depth ``depth`` (1-based); a depth never observed takes the deepest ratio known."""
+        i = min(depth, len(self.reached)) - 1
+        if i < 0:
+            return 1.0
+        return (self.reached[i] + self.prior_weight) / (self.expected[i] + self.prior_weight)
+
+    def expected_tokens(self, by_depth: list[float]) -> float:
+        """The accepted tokens a tree is expected to yield: sum_d c_d P_d, P_d = ``by_depth[d - 1]``."""
+        return sum(self.ratio(d + 1) * p for d, p in enumerate(by_depth))
+
+    def observe(self, by_depth: list[float], reached: int, known: int) -> None:
+        """One tree with depth probabilities ``by_depth``: it got past depths 1..``reached``, and depths up to
+        ``known`` (>= reached) are known (deeper ones: censored)."""
+        known = min(known, len(by_depth))
+        while len(self.reached) < known:
+            self.reached.append(0.0)
+            self.expected.append(0.0)
+        for i in range(known):
+            self.reached[i] = self.decay * self.reached[i] + float(i < reached)
+            self.expected[i] = self.decay * self.expected[i] + by_depth[i]
+
+    def overall(self) -> float:
+        """The trees' reached depths over their own expectation, all depths together (what Lesson 15 prints)."""
+        return (sum(self.reached) + self.prior_weight) / (sum(self.expected) + self.prior_weight)
+
+    def carried(self, weight: float = 2.0) -> "TreeCalibration":
+        """A prior for the next generation: the same ratios, each depth worth at most ``weight`` expected tokens."""
+        out = TreeCalibration(self.decay, self.prior_weight)
+        for r, e in zip(self.reached, self.expected):
+            scale = min(1.0, weight / e) if e > 0 else 0.0
+            out.reached.append(r * scale)
+            out.expected.append(e * scale)
+        return out
+
+
+def depth_probabilities(parents: list[int], probs: list[float]) -> list[float]:
+    """P_d for d = 1, 2, ...: the sum of the probabilities of the nodes at depth d of a tree given by ``parents``
+    (-1: right after the root; else an earlier node's index) and each node's ``probs``."""
+    depth, out = [], []
+    for p, q in zip(parents, probs):
+        d = 1 if p < 0 else depth[p] + 1
+        depth.append(d)
+        if d > len(out):
+            out.append(0.0)
+        out[d - 1] += q
+    return out
+
+
+def reached_depth(tokens: list[int], parents: list[int], decided: list[int]) -> int:
+    """How deep the decided tokens walk down a tree of candidates (``tokens`` with ``parents`` as in
+    :func:`depth_probabilities`): the depth a round that sent it would have accepted."""
+    node, depth = -1, 0
+    for t in decided:
+        node = next((i for i, (c, p) in enumerate(zip(tokens, parents)) if p == node and c == t), None)
+        if node is None:
+            break
+        depth += 1
+    return depth
+
+
+@dataclass
 class Option:
     """One way to make a round: ``kind`` is ``"cheap"`` (a copying drafter whose proposal is made first and then
     cut to the best length), ``"chain"`` (a draft model whose gamma is chosen before it drafts) or ``"arm"``
@@ -210,7 +287,7 @@ class Option:
     seconds_per_token: float | None = None   # chain: drafting time per drafted token
     arm_tokens: float | None = None          # arm: tokens per round (moving average)
     arm_seconds: float | None = None         # arm: seconds per round (moving average)
-    calibration: float = 1.0                 # scored: accepted tokens / the proposal's own score (moving average)
+    calibration: TreeCalibration = field(default_factory=TreeCalibration)  # scored: its estimates' reliability
     last_round: int = -1                     # the round it was last taken in
     backoff: int = 8                         # rounds before it is re-tried while it loses
 
@@ -272,7 +349,7 @@ class Memory:
     torch thread count and batch size, since both change them), each chain's drafting seconds per token and each
     arm's seconds per round, by option name; and, as priors for the next generation, the last generation's
     acceptance (by option and match length), each arm's tokens per round, each option's back-off and each scored
-    option's calibration; and for each batch size, whether its sequences speculate (:class:`BatchChoice`). Share one
+    option's :class:`TreeCalibration`; and for each batch size, whether its sequences speculate (:class:`BatchChoice`). Share one
     between controllers of the same models (the registry keeps one per :class:`~.registry.Models`);
     :meth:`clear` forgets it all."""
     times: dict = field(default_factory=dict)
@@ -370,7 +447,7 @@ class Auto(Proposer):
             o.arm_seconds = m.arm_seconds.get(o.name)
             o.arm_tokens = m.arm_tokens.get(o.name)
             o.last_round, o.backoff = -1, min(m.backoff.get(o.name, 8), CARRIED_BACKOFF)
-            o.calibration = m.calibration.get(o.name, 1.0)
+            o.calibration = m.calibration[o.name].carried() if o.name in m.calibration else TreeCalibration()
 
     def start(self, session) -> None:
         """A new generation: every option started, the measurements taken from :attr:`memory` (:meth:`reset`)."""
@@ -437,9 +514,9 @@ class Auto(Proposer):
 
     # -- deciding ---------------------------------------------------------------------------------------------
     def _due(self, o: Option) -> bool:
-        """Whether a losing option is re-tried this round (a copying option never needs to be: it is checked every
-        round, :meth:`_observe_copy`)."""
-        return o.kind != "cheap" and self.round - o.last_round >= o.backoff
+        """Whether a losing option is re-tried this round (a copying or scored option never needs to be: it is
+        checked every round, :meth:`_observe_copy` and :meth:`_observe_tree`)."""
+        return o.kind not in ("cheap", "scored") and self.round - o.last_round >= o.backoff
 
     def _best_length(self, acceptance: DepthAcceptance, most: int, draft_cost: float,
                      fixed_cost: float = 0.0) -> tuple[float, int]:
@@ -492,10 +569,9 @@ class Auto(Proposer):
                 if len(prop.candidates) == 0:
                     continue
                 width = len(prop.tokens) + len(prop.extra_tokens)
-                rate = (1 + o.calibration * o.proposer.last_score) / self.times(width)
-                if self._due(o) and rate <= best_rate:
-                    rate = best_rate * (1 + 1e-9)  # a probe
-                cheap_proposals[o.name] = (prop, None)
+                by_depth = depth_probabilities([p - 1 for p in prop.parents[1:]], o.proposer.last_probs)
+                rate = (1 + o.calibration.expected_tokens(by_depth)) / self.times(width)
+                cheap_proposals[o.name] = (prop, by_depth)
                 if rate > best_rate:
                     best_rate, best = rate, (o, None)
             elif o.kind == "chain":
@@ -565,14 +641,15 @@ class Auto(Proposer):
         self.choices.append((PLAIN if o is None else o.name, len(proposal.tokens) - 1, kept))
         self._stats.choices.append((self.choices[-1][0], kept + 1))
         for other in self.options:  # every copying option's whole proposal, sent or not, against what was decided
-            if other.kind == "cheap" and other.name in self._copies:
-                self._observe_copy(other, *self._copies[other.name], verified.tokens)
+            if other.name in self._copies:
+                if other.kind == "cheap":
+                    self._observe_copy(other, *self._copies[other.name], verified.tokens)
+                elif other.kind == "scored":
+                    self._observe_tree(other, *self._copies[other.name], verified.tokens)
         if o is None:
             return
         o.last_round = self.round
-        if o.kind == "scored":  # the proposer's last_score is still this round's: it proposed once
-            ratio = kept / max(o.proposer.last_score, 1e-9)
-            o.calibration += self.smoothing * (min(ratio, 4.0) - o.calibration)
+        if o.kind == "scored":
             o.proposer.observe(proposal, verified)
         elif o.kind == "chain":
             o.acceptance.observe(len(proposal.candidates), kept)
@@ -595,6 +672,15 @@ class Auto(Proposer):
         o.acceptance.observe(len(cands), j, censored)   # over all match lengths
         if match is not None:
             o.acceptance_for(match).observe(len(cands), j, censored)
+
+    @staticmethod
+    def _observe_tree(o: Option, proposal: Proposal, by_depth: list[float], decided: list[int]) -> None:
+        """Count a scored option's tree of this round, sent or not, against the tokens the round decided (see
+        :meth:`_observe_copy` for why that is its acceptance): the depth they walk down it is reached; below that
+        one depth is known missed, unless the decided tokens ran out first (then deeper depths are censored)."""
+        reached = reached_depth(proposal.candidates, [p - 1 for p in proposal.parents[1:]], decided)
+        known = reached if reached == len(decided) else len(by_depth)
+        o.calibration.observe(by_depth, reached, known)
 
     def _close_round(self, now: float) -> None:
         """Book the time of the round that just ended (from its start to now)."""

@@ -74,10 +74,10 @@ class Suffix(Proposer):
         self.offset, self.min_prob = offset, (min_prob if adaptive else 0.0)
         self.tree, self.min_score = tree, min_score
         self.cheap = not tree  # a path costs no model pass and may be cut to any length (decoding.auto's option)
-        self.scored = True     # every proposal says how many tokens it expects accepted (last_score)
+        self.scored = True     # every proposal says how likely each candidate is (last_probs, summed: last_score)
         self.max_width = 1 + max_spec
         self.local: SuffixTree | None = None
-        self.last_match, self.last_score = 0, 0.0
+        self.last_match, self.last_score, self.last_probs = 0, 0.0, []
         self._session, self._seen = None, 0
         self.rounds: list[tuple[str, int, int]] = []
 
@@ -112,6 +112,7 @@ class Suffix(Proposer):
         self.rounds.append((best.source, best.match_length, len(best.tokens)))
         self.last_match = best.match_length  # how long a suffix matched (the controller counts acceptance by it)
         self.last_score = best.score          # the candidates' expected accepted tokens, by the counts
+        self.last_probs = best.probs          # each candidate's estimated probability of being reached
         return Proposal([session.seq[-1]] + best.tokens, [-1] + [p + 1 for p in best.parents])
 
     def finish(self, progress: Progress) -> None:
