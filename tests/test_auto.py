@@ -354,12 +354,13 @@ def test_a_tree_is_walked_by_the_decided_tokens_and_its_depths_are_summed():
     #     7 (.5)   8 (.2)
     #     |
     #     9 (.4)
-    tokens, parents, probs = [5, 6, 7, 8, 9], [-1, -1, 0, 1, 2], [0.6, 0.3, 0.5, 0.2, 0.4]
-    assert depth_probabilities(parents, probs) == pytest.approx([0.9, 0.7, 0.4])
-    assert reached_depth(tokens, parents, [5, 7, 9, 1]) == 3
-    assert reached_depth(tokens, parents, [6, 8, 9]) == 2
-    assert reached_depth(tokens, parents, [6, 7]) == 1     # 7 hangs under 5, not under 6
-    assert reached_depth(tokens, parents, [4]) == 0
+    tree = Proposal([1, 5, 6, 7, 8, 9], [-1, 0, 0, 1, 2, 3])   # node 0 is the root (token 1)
+    probs = [0.6, 0.3, 0.5, 0.2, 0.4]                          # one per candidate
+    assert depth_probabilities(tree, probs) == pytest.approx([0.9, 0.7, 0.4])
+    assert reached_depth(tree, [5, 7, 9, 1]) == 3
+    assert reached_depth(tree, [6, 8, 9]) == 2
+    assert reached_depth(tree, [6, 7]) == 1     # 7 hangs under 5, not under 6
+    assert reached_depth(tree, [4]) == 0
     cal = TreeCalibration(decay=1.0, prior_weight=0.0)
     cal.observe([0.9, 0.7, 0.4], reached=1, known=3)        # got past depth 1, missed depth 2 (so 3 too)
     cal.observe([0.9, 0.7, 0.4], reached=1, known=1)        # one decided token, matched: deeper unknown
@@ -381,7 +382,7 @@ def test_suffix_trees_are_counted_every_round_as_deep_as_a_sent_round_accepts():
     observe = auto._observe_tree
 
     def spy(o, proposal, by_depth, decided):
-        depth = reached_depth(proposal.candidates, [p - 1 for p in proposal.parents[1:]], decided)
+        depth = reached_depth(proposal, decided)
         rounds.append((auto._pending[0] is o, depth, len(decided)))
         observe(o, proposal, by_depth, decided)
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .candidates import Proposal
+from .candidates import Proposal, children_of, tree_depths
 from .chain import Chain
 from .lookup import Lookup
 from .session import Proposer, Session
@@ -249,25 +249,23 @@ class TreeCalibration:
         return out
 
 
-def depth_probabilities(parents: list[int], probs: list[float]) -> list[float]:
-    """P_d for d = 1, 2, ...: the sum of the probabilities of the nodes at depth d of a tree given by ``parents``
-    (-1: right after the root; else an earlier node's index) and each node's ``probs``."""
-    depth, out = [], []
-    for p, q in zip(parents, probs):
-        d = 1 if p < 0 else depth[p] + 1
-        depth.append(d)
-        if d > len(out):
-            out.append(0.0)
+def depth_probabilities(proposal: Proposal, probs: list[float]) -> list[float]:
+    """P_d for d = 1, 2, ...: the sum of the probabilities ``probs`` (one per candidate, in order) of the
+    ``proposal``'s candidates at depth d."""
+    depths = tree_depths(proposal.parents)[1:]
+    out = [0.0] * max(depths, default=0)
+    for d, q in zip(depths, probs):
         out[d - 1] += q
     return out
 
 
-def reached_depth(tokens: list[int], parents: list[int], decided: list[int]) -> int:
-    """How deep the decided tokens walk down a tree of candidates (``tokens`` with ``parents`` as in
-    :func:`depth_probabilities`): the depth a round that sent it would have accepted."""
-    node, depth = -1, 0
+def reached_depth(proposal: Proposal, decided: list[int]) -> int:
+    """How deep the decided tokens walk down the ``proposal``'s tree from its root: the depth a round that sent
+    it would have accepted."""
+    kids = children_of(proposal.parents)
+    node, depth = 0, 0
     for t in decided:
-        node = next((i for i, (c, p) in enumerate(zip(tokens, parents)) if p == node and c == t), None)
+        node = next((c for c in kids[node] if proposal.tokens[c] == t), None)
         if node is None:
             break
         depth += 1
@@ -349,9 +347,9 @@ class Memory:
     torch thread count and batch size, since both change them), each chain's drafting seconds per token and each
     arm's seconds per round, by option name; and, as priors for the next generation, the last generation's
     acceptance (by option and match length), each arm's tokens per round, each option's back-off and each scored
-    option's :class:`TreeCalibration`; and for each batch size, whether its sequences speculate (:class:`BatchChoice`). Share one
-    between controllers of the same models (the registry keeps one per :class:`~.registry.Models`);
-    :meth:`clear` forgets it all."""
+    option's :class:`TreeCalibration`; and for each batch size, whether its sequences speculate
+    (:class:`BatchChoice`). Share one between controllers of the same models (the registry keeps one per
+    :class:`~.registry.Models`); :meth:`clear` forgets it all."""
     times: dict = field(default_factory=dict)
     seconds_per_token: dict = field(default_factory=dict)
     arm_seconds: dict = field(default_factory=dict)
@@ -569,7 +567,7 @@ class Auto(Proposer):
                 if len(prop.candidates) == 0:
                     continue
                 width = len(prop.tokens) + len(prop.extra_tokens)
-                by_depth = depth_probabilities([p - 1 for p in prop.parents[1:]], o.proposer.last_probs)
+                by_depth = depth_probabilities(prop, o.proposer.last_probs)
                 rate = (1 + o.calibration.expected_tokens(by_depth)) / self.times(width)
                 cheap_proposals[o.name] = (prop, by_depth)
                 if rate > best_rate:
@@ -678,7 +676,7 @@ class Auto(Proposer):
         """Count a scored option's tree of this round, sent or not, against the tokens the round decided (see
         :meth:`_observe_copy` for why that is its acceptance): the depth they walk down it is reached; below that
         one depth is known missed, unless the decided tokens ran out first (then deeper depths are censored)."""
-        reached = reached_depth(proposal.candidates, [p - 1 for p in proposal.parents[1:]], decided)
+        reached = reached_depth(proposal, decided)
         known = reached if reached == len(decided) else len(by_depth)
         o.calibration.observe(by_depth, reached, known)
 
