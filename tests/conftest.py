@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import platform
+import random
 
 import pytest
 import torch
@@ -70,6 +71,21 @@ def pair_frequencies(first_two, vocab_size: int, n: int) -> torch.Tensor:
         a, b = first_two(seed)[:2]
         counts[a, b] += 1
     return counts / n
+
+
+def prompts_from(texts, tokenizer, n: int, seed: int, lengths=(4, 40), window: int = 1000,
+                 min_text: int = 2000) -> list[list[int]]:
+    """n windows of held-out text (``window`` characters from texts longer than ``min_text``), tokenized and cut
+    to a random length in ``lengths``: prompts the models never trained on."""
+    rng = random.Random(seed)
+    texts = [t for t in texts if len(t) > min_text]
+    out = []
+    for _ in range(n):
+        text = rng.choice(texts)
+        start = rng.randrange(len(text) - window)
+        ids = tokenizer.encode_ordinary(text[start:start + window])
+        out.append(ids[:rng.randint(*lengths)])
+    return out
 
 
 def perturbed_copy(model: GPT, noise: float, seed: int = 0) -> GPT:

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import perturbed_copy, random_model
+from conftest import perturbed_copy, prompts_from, random_model
 from minigpt.decoding import (DecodeStats, accept_greedy, accept_sampled, generate, generate_no_cache,
                               residual_distribution, speculative_generate)
 from minigpt.sampling import make_generator, probs_from_logits
@@ -46,19 +46,6 @@ def test_cache_equals_no_cache_on_random_models(seed):
         prompt = [rng.randrange(97) for _ in range(rng.randint(1, 20))]
         n = rng.randint(1, 64 - len(prompt))
         assert generate(model, prompt, n) == generate_no_cache(model, prompt, n)
-
-
-def prompts_from(texts, tokenizer, n: int, seed: int, lengths=(4, 40)) -> list[list[int]]:
-    """n windows of held-out source code, tokenized, of random lengths: prompts the models never trained on."""
-    rng = random.Random(seed)
-    texts = [t for t in texts if len(t) > 2000]
-    out = []
-    for _ in range(n):
-        text = rng.choice(texts)
-        start = rng.randrange(len(text) - 1000)
-        ids = tokenizer.encode_ordinary(text[start:start + 1000])
-        out.append(ids[:rng.randint(*lengths)])
-    return out
 
 
 def test_cache_equals_no_cache_on_the_target(target, tokenizer, val_texts):

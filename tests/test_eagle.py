@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from conftest import first_two_joint, pair_frequencies, random_model
+from conftest import first_two_joint, pair_frequencies, prompts_from, random_model
 from minigpt import bench
 from minigpt.decoding import decode, generate
 from minigpt.decoding.eagle import Eagle, eagle_generate
@@ -112,12 +112,8 @@ def test_eagle_with_the_shipped_head_is_greedy_exact(target, tokenizer, val_text
         head = load_eagle(target)
     except Exception:
         pytest.skip("no EAGLE head shipped for the target")
-    rng = random.Random(1)
-    texts = [t for t in val_texts if len(t) > 3000]
-    for i in range(8):
-        text = rng.choice(texts)
-        s = rng.randrange(len(text) - 2000)
-        prompt = tokenizer.encode_ordinary(text[s:s + 2000])[:rng.randint(4, 80)]
+    prompts = prompts_from(val_texts, tokenizer, 8, seed=1, lengths=(4, 80), window=2000, min_text=3000)
+    for i, prompt in enumerate(prompts):
         ids, stats = eagle_generate(target, head, prompt, 48)
         assert ids == generate(target, prompt, 48), f"prompt {i}"
 
@@ -219,11 +215,15 @@ def test_training_a_head_gives_the_target_back_as_it_came(trainer):
 
 
 class RecordingEagle(Eagle):
-    """An Eagle proposer that keeps every round's proposal (tokens, parents) and its head passes."""
+    """An Eagle proposer that keeps every round's tree (tokens, parents)."""
+
+    def start(self, session):
+        super().start(session)
+        self.seen = []
 
     def propose(self, session, room):
         proposal = super().propose(session, room)
-        self.seen = getattr(self, "seen", []) + [(proposal.tokens, proposal.parents, proposal.draft_passes)]
+        self.seen.append((proposal.tokens, proposal.parents))
         return proposal
 
 
@@ -232,18 +232,13 @@ def test_stopping_early_verifies_the_same_trees_with_fewer_head_passes(target, t
         head = load_eagle(target)
     except Exception:
         pytest.skip("no EAGLE head shipped for the target")
-    rng = random.Random(2)
-    texts = [t for t in val_texts if len(t) > 3000]
     saved = 0
-    for _ in range(6):
-        text = rng.choice(texts)
-        s = rng.randrange(len(text) - 2000)
-        prompt = tokenizer.encode_ordinary(text[s:s + 2000])[:rng.randint(8, 80)]
+    for prompt in prompts_from(val_texts, tokenizer, 6, seed=2, lengths=(8, 80), window=2000, min_text=3000):
         runs = []
         for stop_early in (True, False):
             proposer = RecordingEagle(head, depth=6, top_k=4, total_tokens=8, stop_early=stop_early)
             ids, stats = decode(target, prompt, 40, proposer)
-            runs.append((ids, [(t, p) for t, p, _ in proposer.seen], stats.draft_passes))
+            runs.append((ids, proposer.seen, stats.draft_passes))
         (ids, trees, passes), (full_ids, full_trees, full_passes) = runs
         assert ids == full_ids == generate(target, prompt, 40)
         assert trees == full_trees  # the same tree verified every round

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import first_two_joint, pair_frequencies, perturbed_copy, random_model
+from conftest import first_two_joint, pair_frequencies, perturbed_copy, prompts_from, random_model
 from minigpt import bench
 from minigpt.cache import KVCache
 from minigpt.decoding import (Chain, DraftTree, Eagle, Lookahead, Lookup, LookupTree, Plain, Proposal, Proposer,
@@ -32,12 +32,8 @@ class RepeatLast(Proposer):
 
 
 def test_a_toy_proposer_is_greedy_exact_on_many_prompts(target, tokenizer, val_texts):
-    rng = random.Random(0)
-    texts = [t for t in val_texts if len(t) > 3000]
-    for i in range(12):
-        text = rng.choice(texts)
-        start = rng.randrange(len(text) - 2000)
-        prompt = tokenizer.encode_ordinary(text[start:start + 2000])[:rng.randint(2, 60)]
+    prompts = prompts_from(val_texts, tokenizer, 12, seed=0, lengths=(2, 60), window=2000, min_text=3000)
+    for i, prompt in enumerate(prompts):
         ids, stats = decode(target, prompt, 40, RepeatLast(1 + i % 3))
         assert ids == generate(target, prompt, 40), f"prompt {i}"
         assert stats.target_passes < 40 or stats.accepted == 0  # every accepted repeat saved a pass
