@@ -76,6 +76,34 @@ def test_a_restart_continues_to_the_same_data(target, tmp_path):
         generate_answers(target, jobs, tmp_path / "once", SETTINGS, EOS, **{**kw, "max_new_tokens": 5})
 
 
+def test_workers_fill_one_folder_with_the_data_of_one_process(target, tmp_path):
+    jobs, kw = make_jobs(), dict(max_new_tokens=9, batch_size=3, shard_size=2, log=lambda *a: None)
+    generate_answers(target, jobs, tmp_path / "one", SETTINGS, EOS, **kw)
+    made = []
+    for i in (1, 2):   # in turn, each its own half; a process started twice skips what its half already holds
+        generate_answers(target, jobs, tmp_path / "two", SETTINGS, EOS, worker=(i, 2), **kw)
+        made.append({p.name for p in shard_paths(tmp_path / "two")})
+    assert made[0] == {f"shard-{s:05d}.npz" for s in (0, 2, 4)} and len(made[1]) == 5
+    card = generate_answers(target, jobs, tmp_path / "two", SETTINGS, EOS, worker=(2, 2), **kw)
+    assert card["stats"]["shards"] == 5 and not list((tmp_path / "two").glob("*.tmp"))
+    for a, b in zip(shard_paths(tmp_path / "one"), shard_paths(tmp_path / "two"), strict=True):
+        with np.load(a) as x, np.load(b) as y:
+            assert np.array_equal(x["tokens"], y["tokens"]) and np.array_equal(x["request"], y["request"])
+    with pytest.raises(ValueError, match="worker 3/2"):
+        generate_answers(target, jobs, tmp_path / "two", SETTINGS, EOS, worker=(3, 2), **kw)
+
+
+def test_the_folder_is_the_environments_then_the_checkouts_then_the_caches(tmp_path, monkeypatch):
+    from minigpt.real import answers
+    monkeypatch.setenv("MINIGPT_ANSWERS", str(tmp_path / "mine"))
+    assert answers.answers_dir() == tmp_path / "mine"
+    monkeypatch.delenv("MINIGPT_ANSWERS")
+    checkout = answers.Path(answers.__file__).resolve().parents[2] / "data" / answers.ANSWERS_DIR
+    monkeypatch.setenv("MINIGPT_CACHE", str(tmp_path / "cache"))
+    expected = checkout if checkout.is_dir() else tmp_path / "cache" / answers.ANSWERS_DIR
+    assert answers.answers_dir() == expected
+
+
 def test_a_changed_request_is_decoded_again_with_its_shard_only(target, tmp_path):
     jobs, kw = make_jobs(), dict(max_new_tokens=6, batch_size=3, shard_size=4)
     generate_answers(target, jobs, tmp_path, SETTINGS, EOS, log=lambda *a: None, **kw)

@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=10000, help="make-answers: the first N requests of the mix")
     ap.add_argument("--batch-size", type=int, default=16, help="make-answers: sequences decoded together (B)")
     ap.add_argument("--max-new-tokens", type=int, default=256, help="make-answers: the longest answer")
+    ap.add_argument("--worker", default="1/1", metavar="I/N",
+                    help="make-answers: decode every N-th shard from the I-th, so N processes share the folder")
     ap.add_argument("--subset", type=int, default=8192, help="train-eagle3: tokens in the frequency-ranked read-out")
     ap.add_argument("--ttt-steps", type=int, default=5, help="train-eagle3: training-time-test steps")
     ap.add_argument("--stdlib-share", type=float, default=0.0,
@@ -47,8 +49,13 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads or 1)
     try:
         if args.what == "make-answers":
+            try:
+                worker = tuple(int(x) for x in args.worker.split("/"))
+                assert len(worker) == 2 and 1 <= worker[0] <= worker[1]
+            except (ValueError, AssertionError):
+                raise ValueError(f"--worker {args.worker!r}: expected I/N with 1 <= I <= N, e.g. 1/2") from None
             card = make_answers(args.minutes, n_requests=args.requests, batch_size=args.batch_size,
-                                max_new_tokens=args.max_new_tokens)
+                                max_new_tokens=args.max_new_tokens, worker=worker)
             print(json.dumps(card["stats"], indent=1))
         elif args.what == "train-eagle3":
             print(json.dumps(train_eagle3_head(args.minutes, subset_size=args.subset, ttt_steps=args.ttt_steps,

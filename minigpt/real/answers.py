@@ -3,11 +3,13 @@
 paged KV cache, B sequences decoded together, continuous batching) and read by :mod:`minigpt.real.distill`.
 
     python -m minigpt.real make-answers --minutes 600       # resumable: run it again to go on
+    python -m minigpt.real make-answers --worker 1/2 &      # two processes on one folder: shards 1, 3, 5, ...
+    python -m minigpt.real make-answers --worker 2/2        #                              and 2, 4, 6, ...
 
 The requests are cut into shards by their position in the mix (``shard_size`` positions each); a shard is
 decoded as one continuous batch (a finished sequence leaves at once and the next request takes its place; a
 follow-up's second turn joins as soon as its first answer exists) and written to
-``<cache>/smollm2-answers/shard-NNNNN.npz`` when it is complete. A restart skips the shards on disk that hold
+``shard-NNNNN.npz`` in :func:`answers_dir` when it is complete. A restart skips the shards on disk that hold
 the same requests, so it goes on where it stopped and the data are the same as an uninterrupted run's (a
 shard's batches are the same, whatever ran before); a shard whose requests changed is decoded again. ``card.json`` beside them holds the generation settings
 and the data's statistics, rewritten after every shard.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import platform
 import statistics
 import time
@@ -40,13 +43,21 @@ from ..model import GPT
 from .request_mix import request_mix
 from .smollm import IM_END, IM_START, STOP, encode_chat, load_smollm, load_smollm_tokenizer
 
-ANSWERS_DIR = "smollm2-answers"  # in the minigpt cache folder
+ANSWERS_DIR = "smollm2-answers"  # in the checkout's data/ folder, else in the minigpt cache folder
+ANSWERS_ENV = "MINIGPT_ANSWERS"  # a folder of answers to use instead
 HELD_OUT_NOTE = ("about 5% of the requests of every kind, chosen by a hash of their position in the mix "
                  "(minigpt.real.answers.is_held_out), never trained on")
 
 
 def answers_dir() -> Path:
-    return cache_dir() / ANSWERS_DIR
+    """Where the shards are written and read: ``$MINIGPT_ANSWERS`` when set; else ``data/smollm2-answers/`` of
+    the source checkout the package runs from, when that folder exists (the repository keeps the shards made so
+    far there, so that generation resumes on a new machine and the drafters train on the same data); else
+    ``<minigpt cache>/smollm2-answers/``."""
+    if os.environ.get(ANSWERS_ENV):
+        return Path(os.environ[ANSWERS_ENV])
+    checkout = Path(__file__).resolve().parents[2] / "data" / ANSWERS_DIR
+    return checkout if checkout.is_dir() else cache_dir() / ANSWERS_DIR
 
 
 @dataclass
@@ -121,11 +132,17 @@ FIXED_SETTINGS = ("model", "precision", "decoding", "max_new_tokens", "eos_id", 
 
 def generate_answers(target: GPT, jobs: list[Job], out_dir: Path, settings: dict, eos_id: int,
                      max_new_tokens: int = 256, batch_size: int = 16, shard_size: int = 64,
-                     minutes: float | None = None, max_shards: int | None = None, log=print) -> dict:
+                     minutes: float | None = None, max_shards: int | None = None, log=print,
+                     worker: tuple[int, int] = (1, 1)) -> dict:
     """Decode ``jobs`` shard by shard into ``out_dir`` (see the module's docstring; shard k: the jobs whose
     ``request`` lies in [k * shard_size, (k + 1) * shard_size)), skipping the shards already there with the same
     requests; stop before a new shard once ``minutes`` have passed or ``max_shards`` were decoded by this call.
-    ``settings`` (a dict) describes the run for the card. Returns the card."""
+    ``worker`` (i, n): this process decodes only every n-th of the shards in order, starting at the i-th (1-based),
+    so that n processes fill one folder together without meeting. ``settings`` (a dict) describes the run for
+    the card. Returns the card."""
+    i_worker, n_workers = worker
+    if not 1 <= i_worker <= n_workers:
+        raise ValueError(f"worker {i_worker}/{n_workers}: expected i/n with 1 <= i <= n")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = dict(settings, decoding="greedy", max_new_tokens=max_new_tokens, eos_id=eos_id, shard_size=shard_size)
@@ -142,6 +159,8 @@ def generate_answers(target: GPT, jobs: list[Job], out_dir: Path, settings: dict
     n_shards = len(shards)
     t0, made = time.time(), 0
     for done, (s, shard_jobs) in enumerate(sorted(shards.items()), start=1):
+        if (done - 1) % n_workers != i_worker - 1:
+            continue
         path = out_dir / f"shard-{s:05d}.npz"
         digest = jobs_digest(shard_jobs)
         if path.exists():
@@ -197,7 +216,7 @@ def write_card(out_dir: Path, settings: dict, n_shards: int) -> dict:
     card = dict(data="the target's own greedy answers (sequence-level distillation); answer=1 marks the tokens a "
                      "draft learns to predict", held_out=HELD_OUT_NOTE, settings=settings, stats=stats,
                 hardware=f"{platform.machine()} CPU, torch {torch.__version__}")
-    tmp = Path(out_dir) / "card.json.tmp"
+    tmp = Path(out_dir) / f"card.json.{os.getpid()}.tmp"   # one per process: workers share the folder
     tmp.write_text(json.dumps(card, indent=1) + "\n")
     tmp.replace(Path(out_dir) / "card.json")
     return card
@@ -221,7 +240,7 @@ def smollm2_jobs(n_requests: int, seed: int = 0, max_prompt_tokens: int = 768) -
 
 def make_answers(minutes: float | None = None, n_requests: int = 10000, seed: int = 0, batch_size: int = 16,
                  shard_size: int = 64, max_new_tokens: int = 256, out_dir: Path | None = None,
-                 max_shards: int | None = None, log=print) -> dict:
+                 max_shards: int | None = None, log=print, worker: tuple[int, int] = (1, 1)) -> dict:
     """SmolLM2's greedy answers to the first ``n_requests`` of the request mix, shard by shard, resumed from what
     ``out_dir`` (default ``<cache>/smollm2-answers``) holds (:func:`generate_answers`). Returns the card."""
     target = load_smollm("cpu")
@@ -232,7 +251,7 @@ def make_answers(minutes: float | None = None, n_requests: int = 10000, seed: in
                     conversations_planned=len(jobs), batch_engine=f"minigpt.decoding.BatchEngine, Plain, paged cache "
                                                                   f"of 16-position blocks, B={batch_size}")
     return generate_answers(target, jobs, out_dir or answers_dir(), settings, eos_id, max_new_tokens, batch_size,
-                            shard_size, minutes, max_shards, log)
+                            shard_size, minutes, max_shards, log, worker)
 
 
 def is_held_out(request: int, share: float = 0.05) -> bool:
