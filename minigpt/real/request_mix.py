@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import random
 import re
 from dataclasses import dataclass, replace
@@ -93,7 +94,7 @@ def stdlib_material() -> dict:
     if path.exists():
         return json.loads(path.read_text())
     material = _parse_material()
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")   # one per process: several may build it at once
     tmp.write_text(json.dumps(material))
     tmp.replace(path)
     return material
