@@ -13,21 +13,29 @@ bitwise equal for every k. Each part that reduces is made shape-independent:
   checked on the running build by :func:`invariant_piece`: PyTorch's weight-only int4 and int8 CPU kernels, and
   its bf16 matmul over slices of the input dimension narrow enough (on a CPU a bf16 matmul over 1536 inputs
   changes its order with the row count; over 512 it does not), summed in fp32 in a fixed order. An fp32 matmul
-  is *not* row-invariant: one row goes through a matrix-vector kernel;
+  is *not* row-invariant: one row goes through a matrix-vector kernel. The "w8a8" layers need no check of the
+  order at all: they multiply 8-bit integers and sum them in int32, and an exact sum is the same in any order;
 * **attention** (:class:`InvariantAttention`) reduces every query over a key axis whose length depends only on
   that query's own position (rounded up to a multiple of ``bucket``), with its keys laid out from position 0
   in order; a token tree's node gathers its ancestors' keys into that layout. Positions beyond the query's
   keys are masked to exactly zero weight. A query row's heads meet its keys in two batched products (scores,
   then the weighted sum of values), in the model's dtype. The rows of a wide pass share one product per key
   head where :func:`grouped_rows_agree` finds this build's product gives a row the same bits beside other rows
-  as alone; elsewhere each row is a batch element of its own, with its own copy of its keys. Either way a row's
-  arithmetic is the same whatever the number of rows (a one-token step takes a shorter road to the same two
-  products);
+  as alone; elsewhere each row gets products of its own, of the one-token step's shape (not one product with
+  the rows as its batch: on some CPUs a batched product picks its kernel by the batch count). Either way a
+  row's arithmetic is the same whatever the number of rows (a one-token step takes a shorter road to the same
+  two products);
 * **norms**, activations and residual additions work row by row, element by element.
 
 Precisions: ``"fp32"`` (the course's model, unchanged), ``"bf16"`` (bf16 weights) and ``"int4"`` (the blocks'
 4-bit weights in groups of 32 with a step and a minimum per group, the layout of the GGUF's Q4_1 blocks, through
-``torch.ops.aten._weight_int4pack_mm_for_cpu``; the output layer at 8 bits per row, as the file keeps it).
+``torch.ops.aten._weight_int4pack_mm_for_cpu``; the output layer at 8 bits per row, as the file keeps it) and
+``"w8a8"`` (every linear layer, the output layer too, at 8 bits per weight with a scale per output row, and each
+input row rounded to 8 bits with a scale of its own, through ``torch._int_mm``). The int4 and int8 weight-only
+kernels do most of their work per input row (a 17-row call costs about six one-row calls), so a wide
+verification pass is dear on the int4 path; an integer matmul costs about the same for 1 to 33 rows, so on the
+w8a8 path a wide pass costs little more than a one-token step, at the price of a second rounding (the
+activations').
 Passes wider than ``max_rows`` (a long prompt's prefill) take the ordinary attention: both a plain and a
 speculative run prefill the same prompt the same way.
 """
@@ -45,27 +53,34 @@ from .cache import KVCache
 from .model import GPT, CausalSelfAttention
 from .quant import int4_groups  # noqa: F401  (re-exported: the Q4_1 recovery the int4 path relies on)
 
-PRECISIONS = ("fp32", "bf16", "int4")
+PRECISIONS = ("fp32", "bf16", "int4", "w8a8")
 
 
 # Row counts at which a kernel is checked to give every row exactly as a one-row call does.
 CHECK_ROWS = (2, 3, 5, 8, 9, 16, 17, 32, 33, 64)
+PAD_ROWS = 64   # a bf16 layer's calls of up to this many rows all run at this many (Bf16Linear)
 _invariant_pieces: dict[tuple[str, int], int | None] = {}
 
 
-def _row_differences(fn, width: int, rows, g: torch.Generator):
+def _row_differences(fn, width: int, rows, g: torch.Generator, wild: bool = False):
     """For each row count k in ``rows``, in turn: (k, the largest absolute difference between ``fn``'s output rows
-    for k random input rows (of ``width`` numbers, drawn from ``g``) in one call and one call each)."""
+    for k random input rows (of ``width`` numbers, drawn from ``g``) in one call and one call each). ``wild``:
+    each number also scaled by a random power of two in 2^-8 .. 2^8, so that sums taken in another order differ
+    by more than the output's rounding hides (with a bf16 output, normal numbers alone hide most such
+    differences)."""
     with torch.no_grad():
         for k in rows:
             x = torch.randn(k, width, generator=g)
+            if wild:
+                x = x * torch.exp2(torch.randint(-8, 9, (k, width), generator=g).float())
             together, alone = fn(x).float(), torch.cat([fn(x[i:i + 1]) for i in range(k)]).float()
             yield k, float((together - alone).abs().max())
 
 
 def _rows_agree(fn, width: int, g: torch.Generator) -> bool:
-    """Whether ``fn`` (rows, width) -> (rows, n) gives every row as it gives that row alone, at CHECK_ROWS."""
-    return all(diff == 0.0 for _, diff in _row_differences(fn, width, CHECK_ROWS, g))
+    """Whether ``fn`` (rows, width) -> (rows, n) gives every row as it gives that row alone, at CHECK_ROWS, on
+    ordinary and on wild inputs (:func:`_row_differences`)."""
+    return all(diff == 0.0 for wild in (False, True) for _, diff in _row_differences(fn, width, CHECK_ROWS, g, wild))
 
 
 def rows_vs_alone(layer, width: int, rows=(2, 5, 17), seed: int = 0) -> dict[int, float]:
@@ -78,7 +93,8 @@ def rows_vs_alone(layer, width: int, rows=(2, 5, 17), seed: int = 0) -> dict[int
 def invariant_piece(kind: str, width: int) -> int | None:
     """The widest slice of the input dimension (``width`` itself, else for bf16 a divisor that is a multiple of 32)
     over which this build's ``kind`` kernel ("bf16" matmul, "int4", "int8") reduces every row the same way whatever
-    the number of rows; None if no slice does. Checked once per (kind, width) on random data: a bf16 matmul on
+    the number of rows; None if no slice does ("w8a8" sums integers, so it passes wherever the kernel's sums are
+    exact). Checked once per (kind, width) on random data: a bf16 matmul on
     a CPU, for one, changes its reduction order with the row count above some input widths."""
     key = (kind, width)
     if key not in _invariant_pieces:
@@ -98,21 +114,28 @@ def invariant_piece(kind: str, width: int) -> int | None:
 
 class Bf16Linear(quant.Bf16Linear):
     """:class:`minigpt.quant.Bf16Linear` with a bias, its products taken over each ``piece`` of the input
-    dimension (default: all of it) in bf16 and summed in fp32 in a fixed order."""
+    dimension (default: all of it) in bf16 and summed in fp32 in a fixed order. ``rows``: a call with at most
+    that many input rows is padded with zero rows to exactly ``rows``, so that every decoding pass runs the
+    matmul at one shape: a bf16 matmul may pick its kernel, and with it the order of its sums, by the row count
+    (on CPUs with AMX tiles a 1-row call and a 33-row call differ), and at one shape there is one kernel."""
 
-    def __init__(self, linear: nn.Linear, piece: int | None = None):
+    def __init__(self, linear: nn.Linear, piece: int | None = None, rows: int | None = None):
         super().__init__(linear.weight)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         self.piece = piece or self.weight.shape[1]
+        self.rows = rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xb = x.to(torch.bfloat16)
         K = self.weight.shape[1]
-        y = sum(F.linear(xb[..., a:a + self.piece], self.weight[:, a:a + self.piece]).float()
-                for a in range(0, K, self.piece))
+        xb = x.reshape(-1, K).to(torch.bfloat16)
+        n = xb.shape[0]
+        if self.rows is not None and n < self.rows:
+            xb = torch.cat([xb, xb.new_zeros(self.rows - n, K)])
+        y = sum(F.linear(xb[:, a:a + self.piece], self.weight[:, a:a + self.piece]).float()
+                for a in range(0, K, self.piece))[:n]
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype)
+        return y.reshape(*x.shape[:-1], -1).to(x.dtype)
 
 
 class _Bias:
@@ -143,11 +166,20 @@ class Int4Linear(_Bias, quant.Int4Linear):
         self._keep_bias(linear)
 
 
+class W8A8Linear(_Bias, quant.W8A8Linear):
+    """:class:`minigpt.quant.W8A8Linear` (8-bit weights and activations, integer products and sums) with a bias."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear.weight.detach().float().cpu())
+        self._keep_bias(linear)
+
+
 def _layer(kind: str, linear: nn.Linear, piece: int | None) -> nn.Module:
-    """``linear`` through the ``kind`` kernel ("bf16" summed in slices of ``piece`` inputs, "int4", "int8")."""
+    """``linear`` through the ``kind`` kernel ("bf16" summed in slices of ``piece`` inputs, "int4", "int8",
+    "w8a8")."""
     if kind == "bf16":
-        return Bf16Linear(linear, piece)
-    return Int4Linear(linear) if kind == "int4" else Int8Linear(linear)
+        return Bf16Linear(linear, piece, rows=PAD_ROWS)
+    return {"int4": Int4Linear, "int8": Int8Linear, "w8a8": W8A8Linear}[kind](linear)
 
 
 _grouped_checks: dict[tuple, bool] = {}
@@ -247,7 +279,7 @@ class InvariantAttention(CausalSelfAttention):
         ``lengths[i]`` slots. Each query row's arithmetic must not depend on how many rows the pass has. Where
         this build's batched product is checked to give a row the same bits beside other rows
         (:func:`grouped_rows_agree`), the m rows of a key head share one product against its keys; otherwise
-        each row is a batch element of its own, with its own copy of the keys. Returns (B, n_kv, g, m, hs)."""
+        each row has products of its own, shaped as a one-token step's. Returns (B, n_kv, g, m, hs)."""
         B, H, g, m, hs = q.shape
         L = K.shape[2]
         unseen = torch.arange(L, device=q.device)[None, :] >= lengths[:, None]  # (m, L)
@@ -255,11 +287,11 @@ class InvariantAttention(CausalSelfAttention):
             rows = q.permute(0, 1, 3, 2, 4).reshape(B * H, m * g, hs)         # (B n_kv, m g, hs): row by row
             out = _two_products(rows, K.reshape(B * H, L, hs), V.reshape(B * H, L, hs),
                                 unseen.repeat_interleave(g, 0))                # (B n_kv, m g, hs)
-        else:
-            rows = q.permute(0, 1, 3, 2, 4).reshape(B * H * m, g, hs)         # (B n_kv m, g, hs)
-            Kr = K.unsqueeze(2).expand(B, H, m, L, hs).reshape(B * H * m, L, hs)   # each row's own copy of its keys
-            Vr = V.unsqueeze(2).expand(B, H, m, L, hs).reshape(B * H * m, L, hs)
-            out = _two_products(rows, Kr, Vr, unseen.repeat(B * H, 1)[:, None, :])   # (B n_kv m, g, hs)
+        else:   # one product per row, each of the one-token step's own shape (a batched product may pick its
+            # kernel by the batch count, so rows made batch elements of one product could differ from steps)
+            Kf, Vf = K.reshape(B * H, L, hs), V.reshape(B * H, L, hs)
+            out = torch.stack([_two_products(q[:, :, :, i].reshape(B * H, g, hs), Kf, Vf, unseen[i])
+                               for i in range(m)], 1)                           # (B n_kv, m, g, hs)
         return out.reshape(B, H, m, g, hs).permute(0, 1, 3, 2, 4)
 
 
@@ -273,7 +305,7 @@ def _two_products(rows: torch.Tensor, K: torch.Tensor, V: torch.Tensor, unseen: 
 
 
 def reduce_precision(model: GPT, precision: str, invariant: bool = True) -> GPT:
-    """A copy of ``model`` with its linear layers (and the output layer) in ``precision`` ("bf16" or "int4";
+    """A copy of ``model`` with its linear layers (and the output layer) in ``precision`` ("bf16", "int4" or "w8a8";
     "fp32" returns the model itself) and, with ``invariant``, every attention layer an
     :class:`InvariantAttention`. "int4" puts the blocks' layers at 4 bits and the output layer at 8 bits, one scale
     per row (:class:`Int8Linear`), as llama.cpp's files keep it: SmolLM2's file stores it at 8 bits, and rounded
@@ -288,6 +320,8 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True) -> GPT:
     if precision == "fp32":
         model.precision, model.batch_invariant = "fp32", False
         return model
+    if precision == "w8a8" and not hasattr(torch, "_int_mm"):
+        raise ValueError(f"the w8a8 path needs torch._int_mm, which torch {torch.__version__} does not have")
     if model.device.type != "cpu":
         raise ValueError(f"the {precision} path uses PyTorch's CPU kernels: move the model to the CPU first")
     out = copy.deepcopy(model).float().eval()
@@ -296,7 +330,7 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True) -> GPT:
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 width = child.weight.shape[1]
-                kind = "int8" if precision == "int4" and child is out.lm_head else precision
+                kind = "int8" if precision == "int4" and child is out.lm_head else precision   # w8a8: all
                 piece = invariant_piece(kind, width) if invariant else None
                 invariant_kernels &= piece is not None
                 setattr(module, name, _layer(kind, child, piece))

@@ -8,12 +8,15 @@ make it faster, if a kernel computes with them directly. Three formats, each thr
   private operator ``aten::_weight_int8pack_mm``; the input is cast to ``act`` first, and which kernel runs
   depends on that dtype;
 * :class:`Int4Linear` -- 4 bits per weight in groups of 32 inputs with a bf16 step and zero point per group
-  (:func:`int4_groups`, GGUF's Q4_1 layout: 0.625 bytes per weight), through ``aten::_weight_int4pack_mm_for_cpu``.
+  (:func:`int4_groups`, GGUF's Q4_1 layout: 0.625 bytes per weight), through ``aten::_weight_int4pack_mm_for_cpu``;
+* :class:`W8A8Linear` -- 1 byte per weight, and the input rounded to 8 bits too, row by row: the products and
+  their sums are integers (``aten::_int_mm``, int8 x int8 -> int32), so no rounding happens inside the matmul.
 
-The int8 and int4 operators are private (the leading underscore): they carry no stability promise, so
-:func:`kernel_schemas` shows what this PyTorch has before a lesson relies on them. :func:`int4_everywhere` puts
-every linear layer of a :class:`~minigpt.model.GPT` (its output layer too) through the int4 kernel. None of these
-is the course's exact path: they change the logits, and with them, at near-ties, the greedy text.
+The int8 and int4 operators and ``_int_mm`` are private (the leading underscore): they carry no stability promise,
+so :func:`kernel_schemas` shows what this PyTorch has of the first three before a lesson relies on them.
+:func:`int4_everywhere` puts every linear layer of a :class:`~minigpt.model.GPT` (its output layer too) through the
+int4 kernel. None of these is the course's exact path: they change the logits, and with them, at near-ties, the
+greedy text.
 """
 from __future__ import annotations
 
@@ -111,6 +114,35 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.packed,
                                                         self.group, self.scales_and_zeros)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def int8_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of ``x`` (rows, K) rounded to int8 with a scale of its own, its largest magnitude / 127:
+    ``(q (rows, K) int8, scale (rows, 1) fp32)``. A row's numbers depend on that row alone."""
+    xf = x.float()
+    scale = xf.abs().amax(1, keepdim=True).div_(127).clamp_(min=1e-30)
+    return xf.div(scale).round_().to(torch.int8), scale
+
+
+class W8A8Linear(nn.Module):
+    """``x @ W.T`` in integers: W as int8 rows (:func:`int8_rows`), each input row rounded to int8 with a scale of
+    its own (:func:`int8_activations`), the products summed in int32 by ``torch._int_mm``, and the sum scaled back
+    (the row's scale times the weight row's). An integer sum is exact, so it is the same in whatever order a
+    kernel adds: a row's result cannot depend on how many rows share the call, whichever kernel the shape picks.
+    The rounding of the activations is a second approximation on top of the weights' (W8A8: 8-bit weights and
+    activations)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        q, scale = int8_rows(weight.detach().float())
+        self.q_t = q.t()                   # (K, N) read column by column: the layout torch._int_mm reads fastest
+        self.scale = scale.float()
+        self.in_features, self.out_features, self.device = weight.shape[1], weight.shape[0], weight.device
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xq, s = int8_activations(x.reshape(-1, x.shape[-1]))
+        y = torch._int_mm(xq, self.q_t).float().mul_(s).mul_(self.scale)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 

@@ -41,7 +41,7 @@ def test_int4_groups_recover_q4_blocks_exactly():
     assert torch.allclose(step2, step) and torch.allclose(lo2, lo)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int4"])
+@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_k_tokens_in_one_pass_are_bitwise_k_single_steps(arch, precision):
     """For every k a decoder uses (1 .. 32), after caches of several lengths."""
@@ -56,7 +56,7 @@ def test_k_tokens_in_one_pass_are_bitwise_k_single_steps(arch, precision):
             assert r["bitwise"], (arch, precision, prefix_len, k, r)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int4"])
+@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8"])
 def test_a_tree_pass_is_bitwise_single_steps_along_each_path(precision):
     """A token tree (siblings share a position) scored in one pass: each node's logits equal those of plain
     one-token steps along the path from the root to it."""
@@ -81,7 +81,7 @@ def test_a_tree_pass_is_bitwise_single_steps_along_each_path(precision):
                 assert torch.equal(step, tree[node]), (precision, node)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int4"])
+@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8"])
 def test_speculative_greedy_output_is_the_same_precisions_plain_output(precision):
     target = reduce_precision(_model("llama", 3), precision)
     draft = reduce_precision(_model("llama", 4), precision)
@@ -92,6 +92,27 @@ def test_speculative_greedy_output_is_the_same_precisions_plain_output(precision
         plain = generate(target, prompt, 48)
         for proposer in (Lookup(2, 16), LookupTree(2, 8), Chain(draft, 5)):
             assert decode(target, prompt, 48, proposer)[0] == plain, type(proposer).__name__
+
+
+def test_w8a8_sums_integers_exactly_and_stays_close_to_the_float_layer():
+    """The integer matmul's int32 sums equal the exact sums (float64 holds them exactly), even at the extremes
+    (every product 127 * 127); and the layer approximates the fp32 one to within what 8-bit rounding allows."""
+    from minigpt.quant import W8A8Linear, int8_activations
+    g = torch.Generator().manual_seed(0)
+    for K in (64, 576, 1536):
+        w = torch.randn(48, K, generator=g)
+        layer = W8A8Linear(w)
+        for rows in (1, 3, 17, 33):
+            x = torch.randn(rows, K, generator=g)
+            xq, s = int8_activations(x)
+            assert xq.abs().max() == 127 and torch.allclose(xq.float() * s, x, atol=float(s.max()) / 2 + 1e-6)
+            exact = xq.double() @ layer.q_t.double()
+            assert torch.equal(torch._int_mm(xq, layer.q_t).double(), exact)
+            extreme = torch.full((rows, K), 127, dtype=torch.int8)
+            assert torch.equal(torch._int_mm(extreme, torch.full((K, 48), 127, dtype=torch.int8)).double(),
+                               torch.full((rows, 48), 127.0 * 127 * K, dtype=torch.float64))
+            ref = x @ w.T
+            assert float((layer(x) - ref).abs().max()) < 0.02 * float(ref.abs().max())
 
 
 def test_the_piece_check_finds_a_row_invariant_width():
@@ -201,7 +222,7 @@ def test_dense_weight_reads_back_the_weight_a_reduced_layer_multiplies_by(kind):
     assert torch.equal(dense_weight(lin), lin.weight)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int4"])
+@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8"])
 def test_every_declared_method_keeps_its_precisions_plain_output_on_the_shipped_models(precision):
     """The shipped pair and heads at reduced precision: every declared method, the heads that read the target's
     output layer (EAGLE, Medusa) included, runs and gives that precision's plain greedy output."""

@@ -222,7 +222,7 @@ def load_smollm(device: str | torch.device | None = None, dtype: torch.dtype = t
     """SmolLM2-135M-Instruct as a minigpt :class:`GPT` in eval mode, on ``device`` (default
     :func:`minigpt.get_device`) in ``dtype``. ``block_size`` is the longest sequence it will be asked for
     (the file allows 8192); KV caches are sized from it. ``precision``: "fp32" (the file's weights dequantised),
-    or "bf16" / "int4" on the batch-invariant path (:func:`minigpt.precision.reduce_precision`; int4 packs the
+    or "bf16" / "int4" / "w8a8" on the batch-invariant path (:func:`minigpt.precision.reduce_precision`; int4 packs the
     file's own Q4_1 integers again; CPU only)."""
     if precision != "fp32":
         return reduce_precision(load_smollm("cpu", torch.float32, block_size, path), precision)
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--stats", action="store_true", help="after each answer: tokens/s, tau and alpha")
     c.add_argument("--device", default=None)
     c.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 weights on the batch-invariant "
+                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 / w8a8 weights on the batch-invariant "
                         "path, whose speculative output is bitwise its own plain output (CPU only)")
     args = ap.parse_args(argv)
     try:
