@@ -131,19 +131,34 @@ class W8A8Linear(nn.Module):
     (the row's scale times the weight row's). An integer sum is exact, so it is the same in whatever order a
     kernel adds: a row's result cannot depend on how many rows share the call, whichever kernel the shape picks.
     The rounding of the activations is a second approximation on top of the weights' (W8A8: 8-bit weights and
-    activations)."""
+    activations); ``smooth`` (one factor per input channel, :func:`smoothing_factors`) moves part of the
+    activations' range into the weights, where the rounding is finer."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, smooth: torch.Tensor | None = None):
         super().__init__()
-        q, scale = int8_rows(weight.detach().float())
+        weight = weight.detach().float()
+        # smoothing (Xiao et al. 2023, SmoothQuant): input channel j divided by smooth[j], its weights multiplied by
+        # it, the same product; a channel with outliers then rounds less coarsely beside the others
+        self.inv_smooth = None if smooth is None else (1.0 / smooth.float())
+        q, scale = int8_rows(weight if smooth is None else weight * smooth.float()[None, :])
         self.q_t = q.t()                   # (K, N) read column by column: the layout torch._int_mm reads fastest
         self.scale = scale.float()
         self.in_features, self.out_features, self.device = weight.shape[1], weight.shape[0], weight.device
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xq, s = int8_activations(x.reshape(-1, x.shape[-1]))
+        x2 = x.reshape(-1, x.shape[-1])
+        xq, s = int8_activations(x2 if self.inv_smooth is None else x2.float() * self.inv_smooth)
         y = torch._int_mm(xq, self.q_t).float().mul_(s).mul_(self.scale)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def smoothing_factors(weight: torch.Tensor, input_max: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
+    """SmoothQuant's per-input-channel factors (Xiao et al. 2023): ``input_max[j] ** alpha / max_i |W[i, j]| **
+    (1 - alpha)``, where ``input_max`` is the largest |input| seen in channel j on calibration text. Dividing the
+    inputs by them and multiplying the weights' columns by them leaves the product unchanged and evens out the
+    two roundings (alpha = 1: all of the range goes to the weights; 0: none)."""
+    w_max = weight.detach().float().abs().amax(0).clamp(min=1e-5)
+    return (input_max.float().clamp(min=1e-5) ** alpha / w_max ** (1 - alpha)).clamp(min=1e-5)
 
 
 def weight_bytes_of(module: nn.Module) -> int:

@@ -115,6 +115,32 @@ def test_w8a8_sums_integers_exactly_and_stays_close_to_the_float_layer():
             assert float((layer(x) - ref).abs().max()) < 0.02 * float(ref.abs().max())
 
 
+def test_w8a8_smoothing_keeps_the_product_and_the_invariance():
+    """Smoothing divides each input channel by a factor and multiplies the weights' column by it: the layer still
+    approximates the float one, and a model smoothed on calibration text stays bitwise batch-invariant."""
+    from minigpt.precision import input_maxima
+    from minigpt.quant import W8A8Linear, smoothing_factors
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(40, 64, generator=g)
+    x = torch.randn(9, 64, generator=g)
+    x[:, 5] *= 50                                     # an outlier channel
+    plain, smooth = W8A8Linear(w), W8A8Linear(w, smoothing_factors(w, x.abs().amax(0)))
+    ref = x @ w.T
+    err = lambda layer: float((layer(x) - ref).abs().max())
+    assert err(smooth) < err(plain) and err(smooth) < 0.05 * float(ref.abs().max())
+    model = _model("llama", 5)
+    calibration = [torch.randint(0, 96, (30,), generator=g).tolist() for _ in range(3)]
+    maxima = input_maxima(model, calibration)
+    assert set(maxima) == {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    smoothed = reduce_precision(model, "w8a8", calibration=calibration)
+    assert smoothed.smoothing == dict(alpha=0.5, sequences=3) and smoothed.batch_invariant
+    assert reduce_precision(model, "w8a8").smoothing is None
+    assert not torch.equal(smoothed(torch.tensor([calibration[0]])), reduce_precision(model, "w8a8")(
+        torch.tensor([calibration[0]])))
+    for k in (1, 5, 17, 32):
+        assert batch_consistency(smoothed, calibration[1], torch.randint(0, 96, (k,), generator=g).tolist())["bitwise"]
+
+
 def test_the_piece_check_finds_a_row_invariant_width():
     for width in (64, 576, 1536):
         piece = invariant_piece("bf16", width)

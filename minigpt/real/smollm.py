@@ -222,10 +222,15 @@ def load_smollm(device: str | torch.device | None = None, dtype: torch.dtype = t
     """SmolLM2-135M-Instruct as a minigpt :class:`GPT` in eval mode, on ``device`` (default
     :func:`minigpt.get_device`) in ``dtype``. ``block_size`` is the longest sequence it will be asked for
     (the file allows 8192); KV caches are sized from it. ``precision``: "fp32" (the file's weights dequantised),
-    or "bf16" / "int4" / "w8a8" on the batch-invariant path (:func:`minigpt.precision.reduce_precision`; int4 packs the
-    file's own Q4_1 integers again; CPU only)."""
+    or "bf16" / "int4" / "w8a8" on the batch-invariant path (:func:`minigpt.precision.reduce_precision`; int4
+    packs the file's own Q4_1 integers again; w8a8 is smoothed on the development requests; CPU only)."""
     if precision != "fp32":
-        return reduce_precision(load_smollm("cpu", torch.float32, block_size, path), precision)
+        calibration = None
+        if precision == "w8a8":   # smoothing calibrated on the development requests (never on held-out ones)
+            from .request_sets import real_prompts
+            calibration = [list(p) for p in real_prompts(split="dev")]
+        base = load_smollm("cpu", torch.float32, block_size, path)
+        return reduce_precision(base, precision, calibration=calibration)
     reader = read_gguf(path)
     config = smollm_config(reader, block_size)
     model = GPT(config)
