@@ -106,13 +106,15 @@ def main(argv=None) -> int:
         if args.model == "smollm2":
             reference, enc = load_smollm("cpu"), load_smollm_tokenizer()
             prompts = [list(p) for p in real_prompts(split=args.split)]
+            calibration = [list(p) for p in real_prompts(split="dev")]   # w8a8's smoothing, as load_smollm's
         else:
             reference, enc = load_pretrained("target", "cpu"), load_tokenizer()
             prompts = [list(p) for p in code_prompts(args.prompts)]
+            calibration = None
     except (FileNotFoundError, ImportError, ValueError) as e:
         print(f"{ap.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    models = {p: reduce_precision(reference, p) for p in names}
+    models = {p: reduce_precision(reference, p, calibration=calibration if p == "w8a8" else None) for p in names}
     text = held_out_text(enc, args.text_tokens)
     record = dict(model=args.model, split=args.split if args.model == "smollm2" else "held-out", new_tokens=args.new,
                   text_tokens=len(text), torch=torch.__version__,

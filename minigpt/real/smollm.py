@@ -356,8 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--stats", action="store_true", help="after each answer: tokens/s, tau and alpha")
     c.add_argument("--device", default=None)
     c.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 / w8a8 weights on the batch-invariant "
-                        "path, whose speculative output is bitwise its own plain output (CPU only)")
+                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 / w8a8 weights on the "
+                        "batch-invariant path, whose speculative output is bitwise its own plain output (CPU only)")
     args = ap.parse_args(argv)
     try:
         if args.command == "fetch":
