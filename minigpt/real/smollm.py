@@ -218,17 +218,17 @@ def state_dict_from_gguf(reader, config: GPTConfig) -> dict[str, torch.Tensor]:
 
 
 def load_smollm(device: str | torch.device | None = None, dtype: torch.dtype = torch.float32,
-                block_size: int = 2048, path: str | Path | None = None, precision: str = "fp32") -> GPT:
+                block_size: int = 2048, path: str | Path | None = None, precision: str = "fp32",
+                calibration=None) -> GPT:
     """SmolLM2-135M-Instruct as a minigpt :class:`GPT` in eval mode, on ``device`` (default
     :func:`minigpt.get_device`) in ``dtype``. ``block_size`` is the longest sequence it will be asked for
     (the file allows 8192); KV caches are sized from it. ``precision``: "fp32" (the file's weights dequantised),
     or "bf16" / "int4" / "w8a8" on the batch-invariant path (:func:`minigpt.precision.reduce_precision`; int4
-    packs the file's own Q4_1 integers again; w8a8 is smoothed on the development requests; CPU only)."""
+    packs the file's own Q4_1 integers again; CPU only). w8a8 needs ``calibration``, token id lists for its
+    smoothing (the bench, :mod:`minigpt.quality` and Lesson 13b pass the development requests)."""
+    if precision == "w8a8" and not calibration:
+        raise ValueError("the w8a8 path needs calibration text for its smoothing: pass calibration= (token id lists)")
     if precision != "fp32":
-        calibration = None
-        if precision == "w8a8":   # smoothing calibrated on the development requests (never on held-out ones)
-            from .request_sets import real_prompts
-            calibration = [list(p) for p in real_prompts(split="dev")]
         base = load_smollm("cpu", torch.float32, block_size, path)
         return reduce_precision(base, precision, calibration=calibration)
     reader = read_gguf(path)
@@ -355,8 +355,8 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1; 0: torch's default)")
     c.add_argument("--stats", action="store_true", help="after each answer: tokens/s, tau and alpha")
     c.add_argument("--device", default=None)
-    c.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 / w8a8 weights on the "
+    c.add_argument("--precision", choices=[p for p in PRECISIONS if p != "w8a8"], default="fp32",
+                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 weights on the "
                         "batch-invariant path, whose speculative output is bitwise its own plain output (CPU only)")
     args = ap.parse_args(argv)
     try:
