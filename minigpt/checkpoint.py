@@ -78,8 +78,8 @@ def load_pretrained(name: str = "target", device: str | torch.device | None = No
                     precision: str = "fp32") -> GPT:
     """One of the models shipped with the package: ``"target"``, ``"draft"`` (the pair's draft) or ``"draft2"``
     (a two-layer draft that copies, not yet the pair's: ``checkpoints/draft2_card.json``). ``precision``: "fp32" (as
-    trained), or "bf16" / "int4" / "w8a8" weights on the batch-invariant path (:func:`minigpt.precision.reduce_precision`,
-    CPU only)."""
+    trained), or "bf16" / "int4" / "w8a8" weights on the batch-invariant path
+    (:func:`minigpt.precision.reduce_precision`, CPU only)."""
     if name not in PRETRAINED:
         raise ValueError(f"unknown pretrained model {name!r}; choose one of {', '.join(PRETRAINED)}")
     model = load_model(PACKAGE_CHECKPOINTS / f"{name}.pt", device)

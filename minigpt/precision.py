@@ -11,8 +11,8 @@ bitwise equal for every k. Each part that reduces is made shape-independent:
 
 * **linear layers** run through kernels whose per-row reduction order does not depend on the number of rows,
   checked on the running build by :func:`invariant_piece`: PyTorch's weight-only int4 and int8 CPU kernels, and
-  its bf16 matmul over slices of the input dimension narrow enough (on a CPU a bf16 matmul over 1536 inputs
-  changes its order with the row count; over 512 it does not), summed in fp32 in a fixed order. An fp32 matmul
+  its bf16 matmul with every call padded to ``PAD_ROWS`` rows (one shape, so one kernel) and, where the check
+  needs it, taken over slices of the input dimension summed in fp32 in a fixed order. An fp32 matmul
   is *not* row-invariant: one row goes through a matrix-vector kernel. The "w8a8" layers need no check of the
   order at all: they multiply 8-bit integers and sum them in int32, and an exact sum is the same in any order;
 * **attention** (:class:`InvariantAttention`) reduces every query over a key axis whose length depends only on
@@ -195,12 +195,14 @@ def input_maxima(model: GPT, sequences) -> dict[str, torch.Tensor]:
     return maxima
 
 
-def _layer(kind: str, linear: nn.Linear, piece: int | None) -> nn.Module:
+def _layer(kind: str, linear: nn.Linear, piece: int | None, smooth: torch.Tensor | None = None) -> nn.Module:
     """``linear`` through the ``kind`` kernel ("bf16" summed in slices of ``piece`` inputs, "int4", "int8",
-    "w8a8")."""
+    "w8a8" with the smoothing factors ``smooth``, if any)."""
     if kind == "bf16":
         return Bf16Linear(linear, piece, rows=PAD_ROWS)
-    return {"int4": Int4Linear, "int8": Int8Linear, "w8a8": W8A8Linear}[kind](linear)
+    if kind == "w8a8":
+        return W8A8Linear(linear, smooth)
+    return Int4Linear(linear) if kind == "int4" else Int8Linear(linear)
 
 
 _grouped_checks: dict[tuple, bool] = {}
@@ -362,11 +364,8 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True, calibra
                 piece = invariant_piece(kind, width) if invariant else None
                 invariant_kernels &= piece is not None
                 full = f"{prefix}.{name}" if prefix else name
-                if full in maxima:
-                    layer = W8A8Linear(child, quant.smoothing_factors(child.weight, maxima[full], alpha))
-                else:
-                    layer = _layer(kind, child, piece)
-                setattr(module, name, layer)
+                smooth = quant.smoothing_factors(child.weight, maxima[full], alpha) if full in maxima else None
+                setattr(module, name, _layer(kind, child, piece, smooth))
             elif invariant and type(child) is CausalSelfAttention:
                 child.__class__ = InvariantAttention
     for p in out.parameters():

@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         if args.model == "smollm2":
             reference, enc = load_smollm("cpu"), load_smollm_tokenizer()
             prompts = [list(p) for p in real_prompts(split=args.split)]
-            calibration = [list(p) for p in real_prompts(split="dev")]   # w8a8's smoothing, as load_smollm's
+            calibration = [list(p) for p in real_prompts(split="dev")]   # w8a8's smoothing, as the bench's
         else:
             reference, enc = load_pretrained("target", "cpu"), load_tokenizer()
             prompts = [list(p) for p in code_prompts(args.prompts)]

@@ -63,9 +63,9 @@ def main(argv=None) -> int:
                     help="CPU threads for torch (default 1: the models are tiny, and on a busy machine more "
                          "threads were measured to slow decoding down many times over; 0 = torch's default)")
     ap.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                    help="the target's (and draft's) weights: fp32 (default), or bf16 / int4 / w8a8 on the batch-invariant "
-                         "path (minigpt.precision; CPU only); with --engines, llama.cpp races our methods at this "
-                         "precision in the same runs; every record says which ran")
+                    help="the target's (and draft's) weights: fp32 (default), or bf16 / int4 / w8a8 on the "
+                         "batch-invariant path (minigpt.precision; CPU only); with --engines, llama.cpp races our "
+                         "methods at this precision in the same runs; every record says which ran")
     args = ap.parse_args(argv)
     try:
         if args.precision != "fp32" and (args.batch is not None or args.peers):
