@@ -19,7 +19,7 @@ from .decoding.plain import generate
 from .model import GPT
 from .precision import PRECISIONS, reduce_precision
 from .prompts import code_prompts, held_out_files
-from .real.request_sets import real_prompts
+from .real.request_sets import real_prompts, w8a8_calibration
 from .real.smollm import load_smollm, load_smollm_tokenizer
 from .tokenizer import load_tokenizer
 
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         if args.model == "smollm2":
             reference, enc = load_smollm("cpu"), load_smollm_tokenizer()
             prompts = [list(p) for p in real_prompts(split=args.split)]
-            calibration = [list(p) for p in real_prompts(split="dev")]   # w8a8's smoothing, as the bench's
+            calibration = w8a8_calibration()   # w8a8's smoothing: the development requests, as everywhere
         else:
             reference, enc = load_pretrained("target", "cpu"), load_tokenizer()
             prompts = [list(p) for p in code_prompts(args.prompts)]

@@ -13,7 +13,7 @@ from conftest import random_model
 from minigpt.decoding import decode, generate
 from minigpt.decoding.batch import BatchEngine, PerSequence, Request
 from minigpt.decoding.suffix import (ROOT, SHARE, WIDE, Draft, GlobalTree, Suffix, SuffixTree, as_dicts, cut_to_depth,
-                                     grow_draft, replay_suffix, suffix_generate)
+                                     grow_draft, merge_drafts, replay_suffix, suffix_generate)
 from minigpt.exactness import tv_bound, tv_distance
 from minigpt.sampling import SamplingConfig, sample
 
@@ -188,9 +188,53 @@ def test_cut_to_depth_keeps_parents_before_children():
     assert cut_to_depth(d, 0).tokens == []
 
 
+def _paths(d: Draft) -> dict:
+    """path (tuple of tokens) -> probability, for every node of a draft."""
+    out, paths = {}, []
+    for t, p, q in zip(d.tokens, d.parents, d.probs):
+        paths.append((paths[p] if p >= 0 else ()) + (t,))
+        out[paths[-1]] = q
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_merged_drafts_hold_both_trees_best_nodes(seed):
+    rng = random.Random(seed)
+    local, other = SuffixTree(8), SuffixTree(8)
+    for t in random_texts(rng, 4, vocab=3, lo=8, hi=20):
+        local.insert(t)
+    for t in random_texts(rng, 6, vocab=3, lo=8, hi=20):
+        other.insert(t)
+    context = [rng.randrange(3) for _ in range(4)]
+    a, b = local.speculate(context, 12, None, min_prob=0.0), other.speculate(context, 12, None, min_prob=0.0)
+    assert a.tokens and b.tokens
+    for budget in (1, 5, 12, 30):
+        m = merge_drafts(a, b, budget)
+        union = {}
+        for path, q in [*_paths(a).items(), *_paths(b).items()]:
+            union[path] = max(union.get(path, 0.0), q)
+        got = _paths(m)
+        assert len(got) == len(m.tokens) == min(budget, len(union))    # no path twice
+        assert all(union[path] == q for path, q in got.items())          # each node: the larger estimate
+        assert all(path[:-1] in got for path in got if len(path) > 1)    # parents kept, and listed first
+        assert all(p < i for i, p in enumerate(m.parents))
+        left_out = set(union) - set(got)
+        assert not left_out or max(union[x] for x in left_out) <= min(got.values()) + 1e-12   # the likeliest kept
+    a.source, b.source = "prompt", "global"
+    alone = merge_drafts(Draft(), b, 5)
+    best5 = sorted(b.probs, reverse=True)[:5]
+    assert alone.source == "global" and sorted(_paths(alone).values(), reverse=True) == pytest.approx(best5)
+    assert _paths(alone).items() <= _paths(b).items()
+    assert merge_drafts(a, b, 5).source == "both"
+    # products of count ratios round: a child may come out a hair above its parent, and is still kept after it
+    close = merge_drafts(Draft(), Draft([1, 2, 3], [-1, 0, 1], [0.8, 0.8, 0.8000000000000002]), 3)
+    assert close.tokens == [1, 2, 3] and close.parents == [-1, 0, 1]
+
+
 # ----- exactness ---------------------------------------------------------------------------------------------
 
-SETTINGS = [dict(), dict(adaptive=False, max_spec=8), dict(tree=False, offset=3), dict(max_depth=6, min_prob=0.3)]
+SETTINGS = [dict(), dict(adaptive=False, max_spec=8), dict(tree=False, offset=3), dict(max_depth=6, min_prob=0.3),
+            dict(combine="union")]
 
 
 @pytest.mark.parametrize("settings", SETTINGS)

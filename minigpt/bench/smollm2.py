@@ -30,9 +30,8 @@ def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=
     """:class:`~minigpt.decoding.registry.Models` for SmolLM2 (the "smollm2" family): the model (``target``, or
     loaded) and its tokenizer, the shipped draft, Medusa heads and EAGLE head when present, the depth of the
     self-speculation draft, and ``<|im_end|>`` as the token that ends an answer."""
-    if target is None:   # w8a8's smoothing is calibrated on the development requests, never on held-out ones
-        calibration = [list(p) for p in real_prompts(split="dev")] if precision == "w8a8" else None
-        target = load_smollm(device, precision=precision, calibration=calibration)
+    if target is None:   # w8a8's smoothing is calibrated on the development requests (load_smollm's default)
+        target = load_smollm(device, precision=precision)
     enc = load_smollm_tokenizer()
     target.tokenizer = enc
     models = Models(target, early_exit_layers=EARLY_EXIT_LAYERS, eos_id=enc.encode_single_token(STOP),

@@ -13,8 +13,9 @@ a server would.) Every repeat therefore makes exactly the same rounds; ``same_ev
 A method is plain decoding, a declared method (:data:`minigpt.decoding.registry.METHODS`, run with its model
 family's parameters, each request on its own), or one of :data:`STREAM_METHODS`, which keep state along the
 stream, with the declared ``suffix`` method's parameters: ``suffix`` (the request's own tree and the global
-tree), ``suffix_local`` (the request's own tree only: the declared method itself) and ``suffix_fixed`` (a fixed
-number of candidates per round, no probability floor).
+tree), ``suffix_local`` (the request's own tree only: the declared method itself), ``suffix_fixed`` (a fixed
+number of candidates per round, no probability floor) and ``suffix_union`` (the two trees' drafts merged into
+one tree each round, instead of the better one alone).
 Records: one per (stream, method) with tokens per target pass overall and by position in the stream, the
 speed-up over plain (median and the paired ratios' interval), its verdict, and for suffix decoding the same
 against prompt lookup.
@@ -33,6 +34,7 @@ import torch
 from ..decoding import DecodeStats
 from ..decoding.suffix import GlobalTree, suffix_generate
 from ..device import time_rotating_over
+from ..precision import PRECISIONS
 from ..real.streams import KINDS as SMOLLM2_KINDS
 from ..real.streams import smollm2_streams
 from ..streams import Stream, course_stream
@@ -45,7 +47,8 @@ TWIN = twin_of("plain")
 # the suffix variants' settings beyond the model family's own (SUFFIX_SETTINGS): what makes each one itself
 STREAM_METHODS = {"suffix": dict(use_global=True),
                   "suffix_local": dict(use_global=False),
-                  "suffix_fixed": dict(use_global=True, adaptive=False)}
+                  "suffix_fixed": dict(use_global=True, adaptive=False),
+                  "suffix_union": dict(use_global=True, combine="union")}
 DEFAULT_STREAM_METHODS = ("plain", "prompt_lookup", "suffix")
 
 
@@ -58,6 +61,27 @@ def check_stream_methods(names) -> list[str]:
         known = ", ".join(dict.fromkeys([*METHODS, *STREAM_METHODS]))
         raise ValueError(f"unknown method {unknown[0]!r}; available: {known}")
     return ["plain"] + [n for n in dict.fromkeys(names) if n != "plain"]
+
+
+def parse_suffix_settings(text: str | None) -> dict:
+    """``"max_spec=24,factor=4"`` -> {"max_spec": 24, "factor": 4.0}, typed as the declared ``suffix`` method's
+    parameters (and ``max_requests``, an int); ValueError in one line for an unknown name or a bad value."""
+    if not text:
+        return {}
+    known = {**METHODS["suffix"].defaults(), "max_requests": 10_000}
+    out = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        name = name.strip()
+        if name not in known or not value.strip():
+            raise ValueError(f"--suffix-settings takes NAME=VALUE pairs with names from {', '.join(known)}; "
+                             f"got {item.strip()!r}")
+        kind = type(known[name])
+        try:
+            out[name] = value.strip().lower() in ("1", "true", "yes") if kind is bool else kind(value)
+        except ValueError:
+            raise ValueError(f"--suffix-settings: {name} takes a {kind.__name__}, got {value.strip()!r}") from None
+    return out
 
 
 def stream_fns(names: list[str], models: Models, stream: Stream, params: dict, suffix_settings: dict) -> dict:
@@ -92,12 +116,15 @@ def _tau(stats: DecodeStats, tokens: int) -> float:
     return tokens / stats.target_passes if stats.target_passes else float("nan")
 
 
-def stream_records(stream: Stream, seconds: dict, results: dict, names: list[str], params: dict) -> list[dict]:
-    """One record per method: counts from the first repeat, timing and verdicts from all of them."""
+def stream_records(stream: Stream, seconds: dict, results: dict, names: list[str], params: dict,
+                   target=None) -> list[dict]:
+    """One record per method: counts from the first repeat, timing and verdicts from all of them; the
+    ``target``'s precision and whether its path is batch-invariant."""
     plain_out = [ids for ids, _ in results["plain"][0]]
     aa = paired_ratios(seconds["plain"], seconds[TWIN])
     band = aa_band(aa)
     repeats = len(seconds["plain"])
+    precision, invariant = getattr(target, "precision", "fp32"), getattr(target, "batch_invariant", False)
     records = []
     for name in names:
         runs = results[name]
@@ -109,7 +136,8 @@ def stream_records(stream: Stream, seconds: dict, results: dict, names: list[str
         same = all([ids for ids, _ in run] == outs and [st.target_passes for _, st in run] ==
                    [st.target_passes for st in stats] for run in runs)
         totals = [sum(row) for row in seconds[name]]
-        rec = dict(stream=stream.name, kind=stream.kind, split=stream.split, method=name,
+        rec = dict(stream=stream.name, kind=stream.kind, split=stream.split, method=name, precision=precision,
+                   batch_invariant=invariant,
                    params=params.get(name, {}), n_requests=len(stream), max_new_tokens=stream.max_new_tokens,
                    repeats=repeats, torch_threads=torch.get_num_threads(), new_tokens=sum(tokens),
                    target_passes=passes, tokens_per_target_pass=sum(tokens) / passes if passes else None,
@@ -157,7 +185,7 @@ def run_stream_bench(streams: list[Stream], methods=DEFAULT_STREAM_METHODS, mode
         seconds, results = time_rotating_over(fns, inputs, models.target.device, repeat=repeats, warmup=1,
                                               log=log, aa="plain")
         variants = {n: {**suffix, **STREAM_METHODS[n]} for n in names if n in STREAM_METHODS}
-        records += stream_records(stream, seconds, results, names, {**params, **variants})
+        records += stream_records(stream, seconds, results, names, {**params, **variants}, models.target)
     return records
 
 
@@ -168,8 +196,9 @@ def format_stream_table(records: list[dict]) -> str:
     for name in dict.fromkeys(r["stream"] for r in records):
         group = [r for r in records if r["stream"] == name]
         r0 = group[0]
+        path = r0.get("precision", "fp32") + (" (batch-invariant path)" if r0.get("batch_invariant") else "")
         lines.append(f"{name}: {r0['n_requests']} requests x {r0['max_new_tokens']} tokens, {r0['repeats']} "
-                     f"repeats, A/A noise band {r0['noise_band'][0]:.2f}-{r0['noise_band'][1]:.2f}")
+                     f"repeats, weights {path}, A/A noise band {r0['noise_band'][0]:.2f}-{r0['noise_band'][1]:.2f}")
         for r in group:
             lo, hi = r["speedup_interval"]
             tau = "-" if r["tokens_per_target_pass"] is None else f"{r['tokens_per_target_pass']:.2f}"
@@ -232,6 +261,12 @@ def main_stream(argv: list[str]) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                    help="smollm2: the target's weights, fp32 (default) or bf16 / int4 / w8a8 on the batch-invariant "
+                         "path (minigpt.precision; CPU only); every speed-up is over plain decoding at the same precision")
+    ap.add_argument("--suffix-settings", default=None, metavar="K=V,...",
+                    help="changes to the suffix methods' parameters, e.g. max_spec=24,factor=4,min_score=0 (tune them "
+                         "on the development streams only)")
     ap.add_argument("--quick", action="store_true", help="3 requests per stream, 32 tokens, 2 repeats (no verdicts)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
@@ -242,17 +277,21 @@ def main_stream(argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
     try:
         names = check_stream_methods(args.methods.split(","))
+        changes = parse_suffix_settings(args.suffix_settings)
         if args.model == "course":
             streams = [course_stream(args.split, args.n_requests or 10, args.max_new_tokens or 48)]
-            models = None
+            models = None if args.precision == "fp32" else Models.shipped(
+                "cpu", methods=[n for n in names if n in METHODS], precision=args.precision)
         else:
             kinds = tuple(k.strip() for k in (args.kinds or ",".join(SMOLLM2_KINDS)).split(","))
             streams = smollm2_streams(args.split, kinds, args.max_new_tokens or 96, args.n_requests)
-            models = smollm2_models("cpu", draft="chain" in names, medusa="medusa" in names, eagle="eagle" in names)
+            models = smollm2_models("cpu", draft="chain" in names, medusa="medusa" in names, eagle="eagle" in names,
+                                    precision=args.precision)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"{ap.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    records = run_stream_bench(streams, names, models, args.repeats, log=lambda m: print(m, file=sys.stderr))
+    records = run_stream_bench(streams, names, models, args.repeats, suffix_settings=changes,
+                               log=lambda m: print(m, file=sys.stderr))
     print(format_stream_table(records))
     if args.json:
         command = "python -m minigpt.bench " + " ".join(argv)

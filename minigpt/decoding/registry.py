@@ -191,7 +191,8 @@ declare("lookahead", Lookahead, "Jacobi iteration over a window of guesses feeds
 # stream, bench --stream adds the global tree of earlier outputs (bench/stream.py)
 declare("suffix", Suffix, "suffix trees over the request's own text (in bench --stream also over earlier requests' "
         "outputs) propose a tree of continuations scored by counts, sized by the match length; no draft model",
-        params=dict(max_depth=24, max_spec=24, factor=4.0, offset=2.0, min_prob=0.1, min_score=0.0, tree=True),
+        params=dict(max_depth=24, max_spec=24, factor=4.0, offset=2.0, min_prob=0.1, min_score=0.0, tree=True,
+                    combine="best"),
         families={"smollm2": dict(factor=1.0, offset=0.0, max_spec=16, min_prob=0.3, min_score=1.5)})
 
 

@@ -40,7 +40,9 @@ from .candidates import Proposal
 from .session import Progress, Proposer, Session, Settings, decode
 from .stats import DecodeStats
 from .suffix_tree import (ROOT, SHARE, STRIDE, WIDE, Draft, GlobalTree, SuffixTree,  # noqa: F401 (re-exported)
-                          as_dicts, cut_to_depth, grow_draft, tree_lines)
+                          as_dicts, cut_to_depth, grow_draft, merge_drafts, tree_lines)
+
+COMBINE = ("best", "union")  # the two trees' drafts: the better one proposes, or both as one tree
 
 
 class Suffix(Proposer):
@@ -54,7 +56,10 @@ class Suffix(Proposer):
     paper; False: a fixed ``max_spec`` candidates, no probability floor. tree: False proposes one path.
     min_score: propose nothing (a plain step) unless the draft expects at least this many accepted tokens. Where
     any pass over several tokens costs much more than a one-token pass, a weak draft loses more than it can
-    gain: SmolLM2 on this course's CPU took 1.6-1.9 one-token passes for 2-8 tokens (Lesson 14).
+    gain: SmolLM2 on this course's CPU took 1.6-1.9 one-token passes for 2-8 tokens (Lesson 14). combine:
+    "best", the draft of the request's own tree or of the global tree, whichever scores higher; "union", both
+    as one tree (:func:`~.suffix_tree.merge_drafts`: shared paths once, at most ``max_spec`` candidates), so
+    that a JSON answer's keys can come from earlier answers and its values from the prompt in the same round.
     ``rounds`` records each round's (source, match length, candidates) -- source "prompt", "global" or "".
 
     The defaults are vLLM's (depth 24, at most 24 candidates, probability floor 0.1) except the budget: factor 4
@@ -64,15 +69,17 @@ class Suffix(Proposer):
 
     def __init__(self, cache: GlobalTree | None = None, max_depth: int = 24, max_spec: int = 24,
                  factor: float = 4.0, offset: float = 2.0, min_prob: float = 0.1, adaptive: bool = True,
-                 tree: bool = True, min_score: float = 0.0):
+                 tree: bool = True, min_score: float = 0.0, combine: str = "best"):
         if max_spec < 1:
             raise ValueError(f"max_spec must be at least 1, got {max_spec}")
+        if combine not in COMBINE:
+            raise ValueError(f"combine must be one of {', '.join(COMBINE)}, got {combine!r}")
         if cache is not None and cache.tree.max_depth != max_depth:
             raise ValueError(f"the global tree's depth ({cache.tree.max_depth}) differs from max_depth ({max_depth})")
         self.cache, self.max_depth, self.max_spec = cache, max_depth, max_spec
         self.factor = factor if adaptive else None
         self.offset, self.min_prob = offset, (min_prob if adaptive else 0.0)
-        self.tree, self.min_score = tree, min_score
+        self.tree, self.min_score, self.combine = tree, min_score, combine
         self.cheap = not tree  # a path costs no model pass and may be cut to any length (decoding.auto's option)
         self.scored = True     # every proposal says how likely each candidate is (last_probs, summed: last_score)
         self.max_width = 1 + max_spec
@@ -103,8 +110,11 @@ class Suffix(Proposer):
         best.source = "prompt" if best.tokens else ""
         if self.cache is not None and len(self.cache):
             other = self.cache.tree.speculate(context, *args)
-            if other.score > best.score:
-                best, best.source = other, "global"
+            other.source = "global" if other.tokens else ""
+            if self.combine == "union" and self.tree:
+                best = merge_drafts(best, other, self.max_spec)
+            elif other.score > best.score:
+                best = other
         return best if best.score >= self.min_score else Draft()
 
     def propose(self, session: Session, room: int) -> Proposal:
@@ -125,16 +135,17 @@ class Suffix(Proposer):
 def suffix_generate(target: GPT, prompt, max_new_tokens: int, cache: GlobalTree | None = None,
                     max_depth: int = 24, max_spec: int = 24, factor: float = 4.0, offset: float = 2.0,
                     min_prob: float = 0.1, adaptive: bool = True, tree: bool = True, min_score: float = 0.0,
-                    settings: Settings | None = None, **sampling) -> tuple[list[int], DecodeStats]:
+                    combine: str = "best", settings: Settings | None = None, **sampling) -> tuple[list[int], DecodeStats]:
     """Speculative decoding with suffix-tree drafts (:class:`Suffix`); returns (new token ids, statistics).
 
     cache: the :class:`GlobalTree` of earlier outputs (None: the request's own tree only); this generation's
     output joins it at the end. max_depth: the trees' depth (match plus speculation); max_spec: the most
     candidates per round; factor, offset: the budget per matched token; min_prob: the floor of a candidate's
     estimated probability; adaptive False: always ``max_spec`` candidates; tree False: one path per round;
-    min_score: the fewest accepted tokens a draft must expect to be proposed. ``settings`` or its fields as
+    min_score: the fewest accepted tokens a draft must expect to be proposed; combine: "best" (the better of the
+    two trees' drafts) or "union" (both, merged into one tree). ``settings`` or its fields as
     keywords (:class:`~.session.Settings`): how the target samples and when it stops."""
-    proposer = Suffix(cache, max_depth, max_spec, factor, offset, min_prob, adaptive, tree, min_score)
+    proposer = Suffix(cache, max_depth, max_spec, factor, offset, min_prob, adaptive, tree, min_score, combine)
     return decode(target, prompt, max_new_tokens, proposer, settings, **sampling)
 
 

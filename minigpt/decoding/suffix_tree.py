@@ -327,6 +327,45 @@ def cut_to_depth(draft: Draft, room: int) -> Draft:
                  [draft.probs[i] for i in keep], draft.match_length, draft.source)
 
 
+def merge_drafts(first: Draft, second: Draft, budget: int) -> Draft:
+    """One tree holding both drafts' candidates: a path the two share is one path, a node's probability the
+    larger of its two estimates; then, best first from the roots down, ``budget`` nodes (a node is never more
+    probable than its parent in either draft, so these are the ``budget`` most probable, up to rounding in the
+    products of count ratios, and every kept node's parent is kept before it). Source "both" when each draft
+    gave something (else the one that did), the match length the longer of the two. O(n log n) for the n
+    candidates of both."""
+    key_of: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    tokens, parents, probs = [], [], []
+    for draft in (first, second):
+        at = []  # the draft's node i -> its merged node
+        for t, p, q in zip(draft.tokens, draft.parents, draft.probs):
+            parent = at[p] if p >= 0 else -1
+            node = key_of.get((parent, t))
+            if node is None:
+                node = key_of[parent, t] = len(tokens)
+                tokens.append(t)
+                parents.append(parent)
+                probs.append(q)
+            else:
+                probs[node] = max(probs[node], q)
+            at.append(node)
+    kids: dict[int, list[int]] = {}
+    for n, parent in enumerate(parents):
+        kids.setdefault(parent, []).append(n)
+    heap = [(-probs[n], n) for n in kids.get(-1, [])]
+    heapq.heapify(heap)
+    kept, new = [], {-1: -1}
+    while heap and len(kept) < budget:  # best first from the roots down: a parent is always kept before its children
+        _, n = heapq.heappop(heap)
+        new[n] = len(kept)
+        kept.append(n)
+        for c in kids.get(n, []):
+            heapq.heappush(heap, (-probs[c], c))
+    source = "both" if first.tokens and second.tokens else (first if first.tokens else second).source
+    return Draft([tokens[n] for n in kept], [new[parents[n]] for n in kept], [probs[n] for n in kept],
+                 max(first.match_length, second.match_length), source)
+
+
 class GlobalTree:
     """The outputs of finished requests in one :class:`SuffixTree`, at most ``max_requests`` of them: adding
     one more evicts the oldest (first in, first out)."""

@@ -413,6 +413,13 @@ NEW_NAMES = ["result", "value", "item", "count", "data", "output", "current", "e
 
 
 @lru_cache(maxsize=4)
+def w8a8_calibration() -> list[list[int]]:
+    """The text the w8a8 path's smoothing is calibrated on (:func:`minigpt.precision.reduce_precision`): the
+    development requests as token id lists, never the held-out ones. One recipe for the bench, the chat,
+    :mod:`minigpt.quality` and Lesson 13b."""
+    return [list(p) for p in real_prompts(split="dev")]
+
+
 def stdlib_functions(min_lines: int = 4, max_lines: int = 14, limit: int = 2000) -> tuple[tuple[str, list[str]], ...]:
     """Small functions and methods of the standard library's *training* files: (source, names of their local
     variables), in a fixed order. Parsing the files takes a while, so the result is kept."""

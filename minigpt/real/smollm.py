@@ -224,10 +224,11 @@ def load_smollm(device: str | torch.device | None = None, dtype: torch.dtype = t
     :func:`minigpt.get_device`) in ``dtype``. ``block_size`` is the longest sequence it will be asked for
     (the file allows 8192); KV caches are sized from it. ``precision``: "fp32" (the file's weights dequantised),
     or "bf16" / "int4" / "w8a8" on the batch-invariant path (:func:`minigpt.precision.reduce_precision`; int4
-    packs the file's own Q4_1 integers again; CPU only). w8a8 needs ``calibration``, token id lists for its
-    smoothing (the bench, :mod:`minigpt.quality` and Lesson 13b pass the development requests)."""
-    if precision == "w8a8" and not calibration:
-        raise ValueError("the w8a8 path needs calibration text for its smoothing: pass calibration= (token id lists)")
+    packs the file's own Q4_1 integers again; CPU only). w8a8 calibrates its smoothing on ``calibration``, token
+    id lists (default: the development requests, :func:`minigpt.real.request_sets.w8a8_calibration`)."""
+    if precision == "w8a8" and calibration is None:
+        from .request_sets import w8a8_calibration  # here, not at the top: request_sets imports this module
+        calibration = w8a8_calibration()
     if precision != "fp32":
         base = load_smollm("cpu", torch.float32, block_size, path)
         return reduce_precision(base, precision, calibration=calibration)
@@ -355,8 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1; 0: torch's default)")
     c.add_argument("--stats", action="store_true", help="after each answer: tokens/s, tau and alpha")
     c.add_argument("--device", default=None)
-    c.add_argument("--precision", choices=[p for p in PRECISIONS if p != "w8a8"], default="fp32",
-                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 weights on the "
+    c.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 / w8a8 on the "
                         "batch-invariant path, whose speculative output is bitwise its own plain output (CPU only)")
     args = ap.parse_args(argv)
     try:
