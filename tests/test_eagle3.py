@@ -163,6 +163,14 @@ def test_train_eagle3_head_resumes_where_it_stopped(monkeypatch, tmp_path):
     assert len(head.vocab_subset) == 40
     card = __import__("json").loads(torch.load(tmp_path / "a.pt", weights_only=True)["card"])
     assert len(card["held_out"]["agreement_by_depth"]) == 3 and card["held_out"]["chain_tau"] >= 1
+    # a new machine: no state in out/, only the exported head -- training starts from its weights and step
+    logs = []
+    again = distill.train_eagle3_head(5.0, max_steps=card["exported_step"], out=tmp_path / "c",
+                                      export_to=tmp_path / "c.pt", init_from=tmp_path / "a.pt",
+                                      **{**kw, "log": logs.append})
+    assert again["steps"] == card["exported_step"] and any("started from" in m for m in logs)
+    c = torch.load(tmp_path / "c" / "smollm2-eagle3" / "state.pt", weights_only=True)["head"]
+    assert all(torch.equal(c[k].float(), head.state_dict()[k].float()) for k in c)   # no step taken: the export
 
 
 def test_chain_summary_counts_leading_hits():

@@ -42,6 +42,9 @@ def main(argv=None) -> int:
                     help="train-eagle3: its state goes to OUT/smollm2-eagle3/ (one folder per head being compared)")
     ap.add_argument("--export", type=Path, default=None,
                     help="train-eagle3: where the best head goes (default minigpt/checkpoints/smollm2-eagle3.pt)")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="train-eagle3: with no state in OUT to resume, start from this exported head (e.g. the "
+                         "shipped minigpt/checkpoints/smollm2-eagle3.pt on a new machine)")
     ap.add_argument("--data", choices=["answers", "stdlib"], default="answers",
                     help="train-medusa: SmolLM2's own answers (default) or the standard library")
     args = ap.parse_args(argv)
@@ -60,7 +63,8 @@ def main(argv=None) -> int:
         elif args.what == "train-eagle3":
             print(json.dumps(train_eagle3_head(args.minutes, subset_size=args.subset, ttt_steps=args.ttt_steps,
                                                max_steps=args.max_steps, stdlib_share=args.stdlib_share,
-                                               fresh=args.fresh, out=args.out, export_to=args.export), indent=1))
+                                               fresh=args.fresh, out=args.out, export_to=args.export,
+                                               init_from=args.init_from), indent=1))
         elif args.what == "train-draft":
             print(json.dumps(train_draft(args.minutes, fresh=args.fresh, max_steps=args.max_steps), indent=1))
         elif args.what == "train-medusa":

@@ -259,14 +259,16 @@ def train_eagle3_head(minutes: float, subset_size: int = 8192, batch_size: int =
                       ttt_steps: int = 5, lr: float = 5e-4, warmup: int = 100, max_steps: int | None = None,
                       stdlib_share: float = 0.0, feature_layers=None, eval_every: int = 200, save_every: int = 25,
                       eval_conversations: int = 32, eval_depth: int = 6, fresh: bool = False, out: Path = Path("runs"),
-                      export_to: Path | None = None, log=print) -> dict:
+                      export_to: Path | None = None, init_from: Path | None = None, log=print) -> dict:
     """Train an EAGLE-3 head for SmolLM2 on its own answers (:func:`minigpt.real.answers.make_answers`) with
     ``ttt_steps`` steps of training-time test, for ``minutes`` (or up to ``max_steps``), resuming from
     ``out/smollm2-eagle3/state.pt`` (weights, optimizer, data generator, history) unless ``fresh``. The read-out
     holds the ``subset_size`` tokens most frequent in the training answers (FR-Spec). Every ``eval_every`` steps
     the head is measured on held-out conversations (teacher-forced chains of ``eval_depth``: agreement per depth
     and τ, beside the shipped EAGLE head's on the same windows) and the best so far (by τ) is exported with its
-    card to ``export_to`` (default: the package's ``smollm2-eagle3.pt``), in bfloat16."""
+    card to ``export_to`` (default: the package's ``smollm2-eagle3.pt``), in bfloat16. ``init_from``: where there
+    is no state to resume (a new machine: ``out`` is gone, an exported head is not), start from that exported
+    head's weights and read-out, with a new optimizer, at the step its card records (so the schedule goes on)."""
     data, n_val = load_answers()
     cut = int(data["starts"][-n_val])
     tokens, answer = data["tokens"][:cut], data["answer"][:cut].astype(bool)
@@ -280,10 +282,19 @@ def train_eagle3_head(minutes: float, subset_size: int = 8192, batch_size: int =
         log(f"resumed at step {st['step']}")
     else:
         counts = np.bincount(tokens[answer].astype(np.int64), minlength=target.config.vocab_size)
-        with torch.random.fork_rng():  # the same head's initial weights every time
-            torch.manual_seed(29)
-            head = Eagle3Head(target, frequency_subset(torch.from_numpy(counts).float(), subset_size), feature_layers)
-        st = dict(step=0, tokens=0, seconds=0.0, cpu_seconds=0.0, history="[]", best_tau=-1.0, baseline="{}",
+        step0, card = 0, {}
+        if init_from is not None and not fresh:
+            head = load_eagle3(target, init_from).float().train()  # exported in bfloat16: train in float32
+            card = json.loads(torch.load(init_from, map_location="cpu", weights_only=True).get("card") or "{}")
+            step0 = int(card.get("exported_step", 0))
+            log(f"started from {init_from} (its step {step0}; a new optimizer)")
+        else:
+            with torch.random.fork_rng():  # the same head's initial weights every time
+                torch.manual_seed(29)
+                head = Eagle3Head(target, frequency_subset(torch.from_numpy(counts).float(), subset_size),
+                                  feature_layers)
+        st = dict(step=step0, tokens=int(card.get("tokens_seen", 0)), seconds=float(card.get("train_seconds", 0)),
+                  cpu_seconds=float(card.get("train_cpu_seconds", 0)), history="[]", best_tau=-1.0, baseline="{}",
                   subset_share=float(counts[head.vocab_subset.numpy()].sum() / counts.sum()))
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(29)
