@@ -92,6 +92,12 @@ def test_missing_file_points_to_the_fetch_command(empty_cache):
         smollm.load_smollm("cpu")
 
 
+def test_w8a8_asks_for_its_calibration_text_in_one_line():
+    with pytest.raises(ValueError, match="calibration="):
+        smollm.load_smollm("cpu", precision="w8a8")
+    assert "w8a8" not in smollm.CHAT_PRECISIONS and "int4" in smollm.CHAT_PRECISIONS
+
+
 def test_chat_prompt_is_chatml_with_the_default_system_message():
     assert smollm.chat_prompt("Hi") == ("<|im_start|>system\n" + smollm.DEFAULT_SYSTEM + "<|im_end|>\n"
                                         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")

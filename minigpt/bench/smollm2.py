@@ -13,7 +13,7 @@ from ..checkpoint import CheckpointError
 from ..engines import LlamaCpp, engine_methods
 from ..real.hf import load_hf_smollm
 from ..real.loaders import EARLY_EXIT_LAYERS, TRAIN_COMMANDS, load_drafters
-from ..real.request_sets import KINDS, real_prompts
+from ..real.request_sets import KINDS, real_prompts, w8a8_calibration
 from ..real.smollm import STOP, load_smollm, load_smollm_tokenizer
 from .methods import METHODS, Models
 from .run import resolve_params, run_bench
@@ -30,8 +30,9 @@ def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=
     """:class:`~minigpt.decoding.registry.Models` for SmolLM2 (the "smollm2" family): the model (``target``, or
     loaded) and its tokenizer, the shipped draft, Medusa heads and EAGLE head when present, the depth of the
     self-speculation draft, and ``<|im_end|>`` as the token that ends an answer."""
-    if target is None:   # w8a8's smoothing is calibrated on the development requests (load_smollm's default)
-        target = load_smollm(device, precision=precision)
+    if target is None:   # w8a8's smoothing is calibrated on the development requests
+        target = load_smollm(device, precision=precision,
+                             calibration=w8a8_calibration() if precision == "w8a8" else None)
     enc = load_smollm_tokenizer()
     target.tokenizer = enc
     models = Models(target, early_exit_layers=EARLY_EXIT_LAYERS, eos_id=enc.encode_single_token(STOP),

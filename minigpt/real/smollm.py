@@ -58,6 +58,7 @@ INSTALL_HINT = 'install the optional extra: pip install -e ".[real]"'
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"    # ChatML markers around each turn
 STOP = IM_END                                       # the assistant ends its turn with <|im_end|> (id 2)
+CHAT_PRECISIONS = tuple(p for p in PRECISIONS if p != "w8a8")  # w8a8 needs calibration text
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 # SmolLM2's pre-tokenizer splits every digit off first, then applies GPT-2's chunking rule. As one pattern:
 # GPT-2's rule with single digits (\p{N}) and whitespace in front of a digit as a chunk of its own.
@@ -225,10 +226,11 @@ def load_smollm(device: str | torch.device | None = None, dtype: torch.dtype = t
     (the file allows 8192); KV caches are sized from it. ``precision``: "fp32" (the file's weights dequantised),
     or "bf16" / "int4" / "w8a8" on the batch-invariant path (:func:`minigpt.precision.reduce_precision`; int4
     packs the file's own Q4_1 integers again; CPU only). w8a8 calibrates its smoothing on ``calibration``, token
-    id lists (default: the development requests, :func:`minigpt.real.request_sets.w8a8_calibration`)."""
-    if precision == "w8a8" and calibration is None:
-        from .request_sets import w8a8_calibration  # here, not at the top: request_sets imports this module
-        calibration = w8a8_calibration()
+    id lists: the course's are the development requests, :func:`minigpt.real.request_sets.w8a8_calibration`
+    (that module tokenizes with this one, so it is passed in rather than imported here)."""
+    if precision == "w8a8" and not calibration:
+        raise ValueError("precision 'w8a8' calibrates its smoothing on text: pass calibration= (token id lists; the "
+                         "course's: minigpt.real.request_sets.w8a8_calibration())")
     if precision != "fp32":
         base = load_smollm("cpu", torch.float32, block_size, path)
         return reduce_precision(base, precision, calibration=calibration)
@@ -356,9 +358,10 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1; 0: torch's default)")
     c.add_argument("--stats", action="store_true", help="after each answer: tokens/s, tau and alpha")
     c.add_argument("--device", default=None)
-    c.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 / w8a8 on the "
-                        "batch-invariant path, whose speculative output is bitwise its own plain output (CPU only)")
+    c.add_argument("--precision", choices=CHAT_PRECISIONS, default="fp32",
+                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 on the batch-invariant "
+                        "path, whose speculative output is bitwise its own plain output (CPU only; w8a8, which "
+                        "needs calibration text, is the bench's: python -m minigpt.bench --precision w8a8)")
     args = ap.parse_args(argv)
     try:
         if args.command == "fetch":
