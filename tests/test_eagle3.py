@@ -151,7 +151,8 @@ def test_train_eagle3_head_resumes_where_it_stopped(monkeypatch, tmp_path):
     monkeypatch.setattr(distill, "load_smollm", lambda device=None: target)
     monkeypatch.setattr(distill, "SMOLLM2_EAGLE_CHECKPOINT", tmp_path / "absent.pt")
     kw = dict(subset_size=40, batch_size=2, block_size=64, ttt_steps=3, eval_every=2, eval_conversations=2,
-              eval_depth=3, log=lambda *a: None)
+              eval_depth=3, dev_prompts=[rng.integers(0, 97, 9).tolist() for _ in range(2)], dev_tokens=8,
+              log=lambda *a: None)
     distill.train_eagle3_head(5.0, max_steps=2, out=tmp_path / "a", export_to=tmp_path / "a.pt", **kw)
     info = distill.train_eagle3_head(5.0, max_steps=3, out=tmp_path / "a", export_to=tmp_path / "a.pt", **kw)
     once = distill.train_eagle3_head(5.0, max_steps=3, out=tmp_path / "b", export_to=tmp_path / "b.pt", **kw)
@@ -163,6 +164,11 @@ def test_train_eagle3_head_resumes_where_it_stopped(monkeypatch, tmp_path):
     assert len(head.vocab_subset) == 40
     card = __import__("json").loads(torch.load(tmp_path / "a.pt", weights_only=True)["card"])
     assert len(card["held_out"]["agreement_by_depth"]) == 3 and card["held_out"]["chain_tau"] >= 1
+    # chosen on the development requests (prompt + the target's greedy answer; only answer positions count)
+    assert card["selected_by"].startswith("chain tau on the development") and card["dev_requests"]["entries"] > 0
+    windows = distill.request_windows(target, kw["dev_prompts"], 8, None)
+    assert [x.shape[1] for x, _ in windows] == [17, 17] and [int(c.sum()) for _, c in windows] == [8, 8]
+    assert all(torch.equal(x[0, 9:], torch.tensor(generate(target, x[0, :9].tolist(), 8))) for x, _ in windows)
     # a new machine: no state in out/, only the exported head -- training starts from its weights and step
     logs = []
     again = distill.train_eagle3_head(5.0, max_steps=card["exported_step"], out=tmp_path / "c",

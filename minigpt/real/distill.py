@@ -19,6 +19,8 @@ import torch.nn.functional as F
 
 from ..checkpoint import PACKAGE_CHECKPOINTS
 from ..data import get_batch, load_tokens
+from ..decoding.plain import Plain
+from ..decoding.session import Settings, decode
 from ..eagle_head import Eagle3Head, EagleHead, frequency_subset, load_eagle, load_eagle3, save_eagle, save_eagle3
 from ..medusa_heads import MedusaHeads, save_heads
 from ..model import frozen
@@ -28,7 +30,8 @@ from ..training.train_eagle3 import chain_hits, chain_summary, step_inputs, targ
 from ..training.train_heads import head_accuracy, train_heads
 from .answers import HELD_OUT_NOTE, load_answers
 from .loaders import SMOLLM2_EAGLE_CHECKPOINT, SMOLLM2_MEDUSA_CHECKPOINT
-from .smollm import load_smollm, load_smollm_tokenizer
+from .request_sets import real_prompts
+from .smollm import STOP, load_smollm, load_smollm_tokenizer
 
 def projected_embedding(target, width: int) -> torch.Tensor:
     """SmolLM2's token embedding (vocab, 576) projected onto its ``width`` principal axes (vocab, width) and
@@ -233,6 +236,28 @@ def eval_windows(data: dict, n_val: int, conversations: int, block_size: int):
     return out
 
 
+def request_windows(target, prompts, max_new_tokens: int, eos_id: int | None, path: Path | None = None):
+    """Windows (x (1, T), counts) of ``prompts`` followed by the target's greedy answers (at most
+    ``max_new_tokens``, stopping after ``eos_id``); position j counts when the token after it is an answer's.
+    Kept in ``path`` (computed once: the target is frozen) when given. These are requests of the kind the
+    benchmark serves, which the training mix's own held-out conversations may not resemble."""
+    how = dict(prompts=[list(map(int, p)) for p in prompts], max_new_tokens=max_new_tokens, eos_id=eos_id)
+    if path is not None and Path(path).exists():
+        kept = torch.load(path, map_location="cpu", weights_only=True)
+        if json.loads(kept["how"]) == how:
+            return list(zip(kept["x"], kept["counts"]))
+    out = []
+    for p in prompts:
+        answer, _ = decode(target, list(p), max_new_tokens, Plain(), Settings(eos_id=eos_id))
+        x = torch.tensor([list(p) + answer])
+        counts = torch.zeros_like(x, dtype=torch.bool)
+        counts[0, len(p) - 1:-1] = True
+        out.append((x, counts))
+    if path is not None:
+        torch.save(dict(how=json.dumps(how), x=[x for x, _ in out], counts=[c for _, c in out]), path)
+    return out
+
+
 def measure_chain(head, windows, depth: int, cached: dict | None = None) -> dict:
     """:func:`~minigpt.training.train_eagle3.chain_summary` of ``head`` over ``windows`` (an EAGLE or EAGLE-3
     head alike), counting only positions whose next ``depth`` tokens all count."""
@@ -259,14 +284,18 @@ def train_eagle3_head(minutes: float, subset_size: int = 8192, batch_size: int =
                       ttt_steps: int = 5, lr: float = 5e-4, warmup: int = 100, max_steps: int | None = None,
                       stdlib_share: float = 0.0, feature_layers=None, eval_every: int = 200, save_every: int = 25,
                       eval_conversations: int = 32, eval_depth: int = 6, fresh: bool = False, out: Path = Path("runs"),
-                      export_to: Path | None = None, init_from: Path | None = None, log=print) -> dict:
+                      export_to: Path | None = None, init_from: Path | None = None, dev_prompts=None,
+                      dev_tokens: int = 128, log=print) -> dict:
     """Train an EAGLE-3 head for SmolLM2 on its own answers (:func:`minigpt.real.answers.make_answers`) with
     ``ttt_steps`` steps of training-time test, for ``minutes`` (or up to ``max_steps``), resuming from
     ``out/smollm2-eagle3/state.pt`` (weights, optimizer, data generator, history) unless ``fresh``. The read-out
     holds the ``subset_size`` tokens most frequent in the training answers (FR-Spec). Every ``eval_every`` steps
     the head is measured on held-out conversations (teacher-forced chains of ``eval_depth``: agreement per depth
-    and τ, beside the shipped EAGLE head's on the same windows) and the best so far (by τ) is exported with its
-    card to ``export_to`` (default: the package's ``smollm2-eagle3.pt``), in bfloat16. ``init_from``: where there
+    and τ, beside the shipped EAGLE head's on the same windows) and on the development requests of the benchmark
+    (``dev_prompts``, default :func:`~minigpt.real.request_sets.real_prompts` of the "dev" split, with SmolLM2's
+    greedy answers of up to ``dev_tokens`` tokens; the same chains). The best so far by τ on the development
+    requests is exported with its card to ``export_to`` (default: the package's ``smollm2-eagle3.pt``), in
+    bfloat16: the mix's own conversations can flatter a head that does worse on the requests it will serve. ``init_from``: where there
     is no state to resume (a new machine: ``out`` is gone, an exported head is not), start from that exported
     head's weights and read-out, with a new optimizer, at the step its card records (so the schedule goes on)."""
     data, n_val = load_answers()
@@ -307,6 +336,13 @@ def train_eagle3_head(minutes: float, subset_size: int = 8192, batch_size: int =
     stdlib = load_tokens("train", load_smollm_tokenizer()) if stdlib_share else None
     windows = eval_windows(data, n_val, eval_conversations, block_size)
     with frozen(target):
+        if dev_prompts is None:
+            enc = load_smollm_tokenizer()
+            dev_prompts, dev_eos = real_prompts(split="dev"), enc.encode_single_token(STOP)
+        else:
+            dev_eos = None
+        dev = request_windows(target, dev_prompts, dev_tokens, dev_eos, run_dir / "dev_windows.pt")
+        dev_cached = [target_pass(head, x, c) for x, c in dev]
         cached = [target_pass(head, x, c) for x, c in windows]
         how = f"{len(windows)} conversations, {block_size} tokens, depth {eval_depth}"
         if baseline.get("windows") != how:  # measured on other windows (or never): the best so far is not comparable
@@ -314,6 +350,12 @@ def train_eagle3_head(minutes: float, subset_size: int = 8192, batch_size: int =
             if SMOLLM2_EAGLE_CHECKPOINT.exists():
                 baseline.update(measure_chain(load_eagle(target, SMOLLM2_EAGLE_CHECKPOINT), windows, eval_depth))
                 log(f"the shipped EAGLE head on the same windows: {baseline}")
+        dev_how = f"{len(dev)} development requests, greedy answers of up to {dev_tokens} tokens, depth {eval_depth}"
+        if baseline.get("dev", {}).get("windows") != dev_how:  # selected by the held-out mix before: start over
+            best, baseline["dev"] = -1.0, dict(windows=dev_how)
+            if SMOLLM2_EAGLE_CHECKPOINT.exists():
+                baseline["dev"].update(measure_chain(load_eagle(target, SMOLLM2_EAGLE_CHECKPOINT), dev, eval_depth))
+                log(f"the shipped EAGLE head on the development requests: {baseline['dev']}")
 
         def save_state():
             save_eagle3(head, state_path, optimizer=opt.state_dict(), generator=g.get_state(), step=step,
@@ -340,15 +382,19 @@ def train_eagle3_head(minutes: float, subset_size: int = 8192, batch_size: int =
             if step % eval_every == 0 or step == max_steps:
                 head.eval()
                 measured = measure_chain(head, windows, eval_depth, cached)
-                history.append(dict(last, tokens=seen, seconds=round(seconds), cpu_seconds=round(cpu), held_out=measured))
+                on_dev = measure_chain(head, dev, eval_depth, dev_cached)
+                history.append(dict(last, tokens=seen, seconds=round(seconds), cpu_seconds=round(cpu), held_out=measured,
+                                    dev_requests=on_dev))
                 log(f"step {step}: loss {last['loss']:.3f}, train top-1 by step {last['train_top1']}, held-out "
                     f"agreement by depth {measured['agreement_by_depth']}, chain tau {measured['chain_tau']}; "
-                    f"{seen / max(cpu, 1e-9):.0f} tokens per CPU second")
-                if measured["chain_tau"] > best:
-                    best = measured["chain_tau"]
+                    f"development requests: agreement by depth {on_dev['agreement_by_depth']}, chain tau "
+                    f"{on_dev['chain_tau']}; {seen / max(cpu, 1e-9):.0f} tokens per CPU second")
+                if on_dev["chain_tau"] > best:
+                    best = on_dev["chain_tau"]
                     export_eagle3(head, export_to, dict(
                         target="SmolLM2-135M-Instruct (frozen)", exported_step=step, tokens_seen=seen,
                         train_seconds=round(seconds), train_cpu_seconds=round(cpu), held_out=measured,
+                        dev_requests=dict(on_dev, windows=dev_how), selected_by="chain tau on the development requests",
                         shipped_eagle_head=baseline,
                         data=f"SmolLM2's greedy answers to the request mix (minigpt.real.answers), "
                              f"{len(data['starts']) - n_val} conversations trained on; held out: {HELD_OUT_NOTE}"
