@@ -295,9 +295,10 @@ def train_eagle3_head(minutes: float, subset_size: int = 8192, batch_size: int =
     (``dev_prompts``, default :func:`~minigpt.real.request_sets.real_prompts` of the "dev" split, with SmolLM2's
     greedy answers of up to ``dev_tokens`` tokens; the same chains). The best so far by τ on the development
     requests is exported with its card to ``export_to`` (default: the package's ``smollm2-eagle3.pt``), in
-    bfloat16: the mix's own conversations can flatter a head that does worse on the requests it will serve. ``init_from``: where there
-    is no state to resume (a new machine: ``out`` is gone, an exported head is not), start from that exported
-    head's weights and read-out, with a new optimizer, at the step its card records (so the schedule goes on)."""
+    bfloat16: the mix's own conversations can flatter a head that does worse on the requests it will serve.
+    ``init_from``: where there is no state to resume (a new machine: ``out`` is gone, an exported head is not),
+    start from that exported head's weights and read-out, with a new optimizer, at the step its card records (so
+    the schedule goes on)."""
     data, n_val = load_answers()
     cut = int(data["starts"][-n_val])
     tokens, answer = data["tokens"][:cut], data["answer"][:cut].astype(bool)
