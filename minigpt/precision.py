@@ -33,9 +33,12 @@ Precisions: ``"fp32"`` (the course's model, unchanged), ``"bf16"`` (bf16 weights
 ``"w8a8"`` (every linear layer, the output layer too, at 8 bits per weight with a scale per output row, and each
 input row rounded to 8 bits with a scale of its own, through ``torch._int_mm``). The int4 and int8 weight-only
 kernels do most of their work per input row (a 17-row call costs about six one-row calls), so a wide
-verification pass is dear on the int4 path; an integer matmul costs about the same for 1 to 33 rows, so on the
-w8a8 path a wide pass costs little more than a one-token step, at the price of a second rounding (the
-activations').
+verification pass is dear on the int4 path; one integer matmul layer costs about the same for 1 to 33 rows
+(Lesson 13b), at the price of a second rounding (the activations'). A whole w8a8 pass still costs more than a
+one-token step (attention works row by row, and ``torch._int_mm`` reads the weights faster for one row than for
+several): on this course's CPU, one thread, 300 cached positions, a pass over 2, 8 and 16 tokens cost 1.55, 2.24
+and 3.13 one-token steps with several rows through oneDNN's packed integer linear
+(:class:`~minigpt.quant.W8A8Linear`), against 1.95, 2.65 and 3.57 through ``torch._int_mm``.
 Passes wider than ``max_rows`` (a long prompt's prefill) take the ordinary attention: both a plain and a
 speculative run prefill the same prompt the same way.
 """
@@ -168,10 +171,11 @@ class Int4Linear(_Bias, quant.Int4Linear):
 
 
 class W8A8Linear(_Bias, quant.W8A8Linear):
-    """:class:`minigpt.quant.W8A8Linear` (8-bit weights and activations, integer products and sums) with a bias."""
+    """:class:`minigpt.quant.W8A8Linear` (8-bit weights and activations, integer products and sums) with a bias;
+    ``packed``: passes of several rows through oneDNN's integer linear where the build has it (the same sums)."""
 
-    def __init__(self, linear: nn.Linear, smooth: torch.Tensor | None = None):
-        super().__init__(linear.weight.detach().float().cpu(), smooth)
+    def __init__(self, linear: nn.Linear, smooth: torch.Tensor | None = None, packed: bool = False):
+        super().__init__(linear.weight.detach().float().cpu(), smooth, packed)
         self._keep_bias(linear)
 
 
@@ -201,7 +205,7 @@ def _layer(kind: str, linear: nn.Linear, piece: int | None, smooth: torch.Tensor
     if kind == "bf16":
         return Bf16Linear(linear, piece, rows=PAD_ROWS)
     if kind == "w8a8":
-        return W8A8Linear(linear, smooth)
+        return W8A8Linear(linear, smooth, packed=True)
     return Int4Linear(linear) if kind == "int4" else Int8Linear(linear)
 
 

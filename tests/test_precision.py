@@ -3,6 +3,7 @@ batch-invariant path, so speculative greedy output equals the same precision's p
 reduced-precision path does not have that property (SmolLM2, when its file is here)."""
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -113,6 +114,32 @@ def test_w8a8_sums_integers_exactly_and_stays_close_to_the_float_layer():
                                torch.full((rows, 48), 127.0 * 127 * K, dtype=torch.float64))
             ref = x @ w.T
             assert float((layer(x) - ref).abs().max()) < 0.02 * float(ref.abs().max())
+
+
+def test_w8a8_packed_road_gives_the_int_mm_sums_bit_for_bit(monkeypatch):
+    """Where oneDNN's packed integer linear is here, a layer built with ``packed`` sends passes of several rows
+    through it and one row through torch._int_mm: both must give exactly the unpacked layer's output, at every row
+    count, extremes included; and the availability check must fail on a product that is off by one."""
+    import minigpt.quant as quant
+    if not quant.packed_int8_available():
+        pytest.skip("this build has no oneDNN integer linear: every w8a8 pass takes torch._int_mm")
+    g = torch.Generator().manual_seed(4)
+    for K in (64, 576, 1536):
+        w = torch.randn(40, K, generator=g)
+        smooth = torch.rand(K, generator=g) + 0.5
+        plain, packed = quant.W8A8Linear(w, smooth), quant.W8A8Linear(w, smooth, packed=True)
+        assert plain.packed is None and packed.packed is not None
+        for rows in (1, 2, 3, 8, 17, 33):
+            x = torch.randn(rows, K, generator=g) * torch.exp2(torch.randint(-6, 7, (rows, K), generator=g).float())
+            assert torch.equal(packed(x), plain(x)), (K, rows)
+        extreme = torch.full((5, K), -1e4)
+        assert torch.equal(packed(extreme), plain(extreme))
+        twin = copy.deepcopy(packed)                  # oneDNN's packed tensor cannot be copied: packed anew
+        assert twin.packed is not None and torch.equal(twin(x), packed(x))
+    real = quant._packed_product
+    monkeypatch.setattr(quant, "_packed_product", lambda xq, packed, n: real(xq, packed, n) + 1)
+    monkeypatch.setattr(quant, "_packed_int8", [])
+    assert not quant.packed_int8_available()
 
 
 def test_w8a8_smoothing_keeps_the_product_and_the_invariance():
