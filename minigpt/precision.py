@@ -31,7 +31,8 @@ Precisions: ``"fp32"`` (the course's model, unchanged), ``"bf16"`` (bf16 weights
 4-bit weights in groups of 32 with a step and a minimum per group, the layout of the GGUF's Q4_1 blocks, through
 ``torch.ops.aten._weight_int4pack_mm_for_cpu``; the output layer at 8 bits per row, as the file keeps it) and
 ``"w8a8"`` (every linear layer, the output layer too, at 8 bits per weight with a scale per output row, and each
-input row rounded to 8 bits with a scale of its own, through ``torch._int_mm``). The int4 and int8 weight-only
+input row rounded to 8 bits with a scale of its own, summed in int32: one row through ``torch._int_mm``,
+several through oneDNN's integer linear). The int4 and int8 weight-only
 kernels do most of their work per input row (a 17-row call costs about six one-row calls), so a wide
 verification pass is dear on the int4 path; one integer matmul layer costs about the same for 1 to 33 rows
 (Lesson 13b), at the price of a second rounding (the activations'). A whole w8a8 pass still costs more than a

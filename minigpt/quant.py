@@ -143,25 +143,26 @@ def packed_int8_available() -> bool:
                           torch.full((rows, k), -128, dtype=torch.int8)]
                     w_max = torch.full((n, k), -127, dtype=torch.int8)
                     for x, ww in ((xs[0], w), (xs[1], w), (xs[1], w_max)):
-                        packed = _pack_int8(ww)
-                        ok = ok and torch.equal(_packed_product(x, packed, n), torch._int_mm(x, ww.t()).float())
+                        ok = ok and torch.equal(_packed_product(x, _pack_int8(ww)), torch._int_mm(x, ww.t()).float())
             except (RuntimeError, NotImplementedError):
                 ok = False
         _packed_int8.append(bool(ok))
     return _packed_int8[0]
 
 
-def _pack_int8(q: torch.Tensor) -> torch.Tensor:
-    """(N, K) int8 weights in oneDNN's own layout for its integer linear."""
-    return torch.ops.onednn.qlinear_prepack(q, None)
+def _pack_int8(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(N, K) int8 weights in oneDNN's own layout for its integer linear, with the unit scale and zero zero point
+    of each of the N output channels that the call wants beside them (made once here, not at every call)."""
+    n = q.shape[0]
+    return torch.ops.onednn.qlinear_prepack(q, None), torch.ones(n), torch.zeros(n, dtype=torch.long)
 
 
-def _packed_product(xq: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+def _packed_product(xq: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """The int32 sums ``xq @ q.T`` (``packed`` from :func:`_pack_int8`), as fp32, through oneDNN. Its integer
     linear takes unsigned activations with a zero point: ``xq + 128`` as uint8 (the sign bit flipped) with zero
     point 128 is ``xq`` again, and unit scales leave the integer sum (its conversion to fp32 aside) untouched."""
-    ones, zeros = torch.ones(n), torch.zeros(n, dtype=torch.long)
-    return torch.ops.onednn.qlinear_pointwise(xq.view(torch.uint8).bitwise_xor(128), 1.0, 128, packed, ones, zeros,
+    weights, ones, zeros = packed
+    return torch.ops.onednn.qlinear_pointwise(xq.view(torch.uint8).bitwise_xor(128), 1.0, 128, weights, ones, zeros,
                                               None, 1.0, 0, torch.float32, "none", [], "")
 
 
@@ -202,7 +203,7 @@ class W8A8Linear(nn.Module):
         x2 = x.reshape(-1, x.shape[-1])
         xq, s = int8_activations(x2 if self.inv_smooth is None else x2.float() * self.inv_smooth)
         if self.packed is not None and xq.shape[0] > 1:
-            y = _packed_product(xq, self.packed, self.out_features)
+            y = _packed_product(xq, self.packed)
         else:
             y = torch._int_mm(xq, self.q_t).float()
         y = y.mul_(s).mul_(self.scale)

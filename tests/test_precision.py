@@ -137,7 +137,7 @@ def test_w8a8_packed_road_gives_the_int_mm_sums_bit_for_bit(monkeypatch):
         twin = copy.deepcopy(packed)                  # oneDNN's packed tensor cannot be copied: packed anew
         assert twin.packed is not None and torch.equal(twin(x), packed(x))
     real = quant._packed_product
-    monkeypatch.setattr(quant, "_packed_product", lambda xq, packed, n: real(xq, packed, n) + 1)
+    monkeypatch.setattr(quant, "_packed_product", lambda xq, packed: real(xq, packed) + 1)
     monkeypatch.setattr(quant, "_packed_int8", [])
     assert not quant.packed_int8_available()
 
