@@ -3,7 +3,9 @@
 :func:`time_call` times one call; :func:`time_rotating` times competing calls in rotating order, with the
 baseline timed twice per round as an A/A control when asked (``aa="plain"``: feed the paired timings to
 :mod:`minigpt.verdict` for a verdict), :func:`time_rotating_over` the same on several inputs (the benchmark's
-loop)."""
+loop). :class:`OtherLoad` measures how much CPU other processes used while a benchmark ran: a neighbour on
+another core changes speed-ups, not only times (a one-token step, bound by memory bandwidth, shares that
+bandwidth with it), so the records say how busy the machine was."""
 from __future__ import annotations
 
 import os
@@ -33,6 +35,53 @@ def get_device() -> torch.device:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+class OtherLoad:
+    """A context manager: how many CPU cores, on average, processes other than this one kept busy while the block
+    ran (``cores``; None where the machine does not say: it reads Linux's ``/proc/stat``). The machine's busy time
+    over the block, less this process's own CPU time (``os.times``), over the block's wall time. A benchmark alone
+    on the machine reads close to 0; one with a busy neighbour on another core about 1."""
+    STAT = "/proc/stat"
+
+    def __init__(self):
+        self.cores: float | None = None
+
+    def _busy_seconds(self) -> float | None:
+        try:
+            with open(self.STAT) as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        if not fields or fields[0] != "cpu" or len(fields) < 8:
+            return None
+        user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
+        steal = int(fields[8]) if len(fields) > 8 else 0
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own_seconds() -> float:
+        t = os.times()
+        return t.user + t.system
+
+    def __enter__(self) -> "OtherLoad":
+        self._start = (self._busy_seconds(), self._own_seconds(), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy, own, wall = self._busy_seconds(), self._own_seconds(), time.perf_counter()
+        if busy is None or self._start[0] is None or wall <= self._start[2]:
+            return
+        others = (busy - self._start[0]) - (own - self._start[1])
+        self.cores = max(0.0, others / (wall - self._start[2]))
+
+
+def busy_machine_note(cores: float | None, threshold: float = 0.25) -> str | None:
+    """A line for a benchmark's report when other processes kept more than ``threshold`` cores busy during it."""
+    if cores is None or cores <= threshold:
+        return None
+    return (f"note: other processes kept {cores:.2f} cores busy on average during this run; speed-ups measured "
+            "beside a busy neighbour can differ from those of a quiet machine (run alone to compare)")
 
 
 def synchronize(device: torch.device | str) -> None:

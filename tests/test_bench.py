@@ -17,7 +17,7 @@ from minigpt.tokenizer import load_tokenizer
 RECORD_KEYS = {"method", "tokens_per_target_pass", "acceptance_rate", "tokens_per_s", "speedup_vs_plain",
                "identical_to_plain_greedy", "device", "n_prompts", "new_tokens", "gamma", "repeats",
                "tokens_per_s_min", "tokens_per_s_max", "time_s_median", "time_s_min", "time_s_max",
-               "speedup_min", "speedup_max", "target_passes", "draft_passes"}
+               "speedup_min", "speedup_max", "target_passes", "draft_passes", "other_cpu_cores"}
 
 
 # ---------------------------------------------------------------- prompts
@@ -104,6 +104,7 @@ def test_records_on_small_models_have_the_schema_and_are_exact():
     assert chain["gamma"] == 3 and 0 <= chain["acceptance_rate"] <= 1
     assert chain["tokens_per_target_pass"] >= 1 and chain["target_passes"] < 30  # the draft agrees sometimes
     assert chain["draft_passes"] > 0
+    assert all(r["other_cpu_cores"] is None or r["other_cpu_cores"] >= 0 for r in records)
 
 
 def test_by_kind_splits_counts_and_times_of_the_same_runs():
@@ -229,3 +230,42 @@ def test_cli_smollm2_skips_a_method_whose_drafter_is_missing_in_one_line(monkeyp
                     "(python -m minigpt.real train-draft / train-medusa)"]
     assert "benchmarking plain, prompt_lookup on SmolLM2" in out.err
     assert [line.split()[0] for line in out.out.splitlines()[2:4]] == ["plain", "prompt_lookup"]
+
+
+# ---------------------------------------------------------------- how busy the machine was
+
+def test_other_load_sees_a_busy_neighbour_and_not_this_process():
+    from minigpt.device import OtherLoad
+    if OtherLoad()._busy_seconds() is None:
+        pytest.skip("this machine does not report its CPU time (/proc/stat)")
+    spin = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 1.5: pass"
+    with OtherLoad() as alone_busy:          # this process busy: its own time is not counted
+        t = __import__("time").perf_counter()
+        while __import__("time").perf_counter() - t < 0.5:
+            pass
+    with OtherLoad() as beside:              # a neighbour process spinning the whole time
+        proc = subprocess.Popen([sys.executable, "-c", spin])
+        proc.wait()
+    assert beside.cores > 0.5
+    assert alone_busy.cores < beside.cores
+
+
+def test_other_load_is_none_where_the_machine_does_not_say(monkeypatch, tmp_path):
+    from minigpt.device import OtherLoad
+    monkeypatch.setattr(OtherLoad, "STAT", str(tmp_path / "no-such-file"))
+    with OtherLoad() as load:
+        pass
+    assert load.cores is None
+
+
+def test_a_busy_run_says_so_in_its_table():
+    from minigpt.device import busy_machine_note
+    records = bench.run_bench(["prompt_lookup"], models=small_pair(), prompts=small_prompts(2), max_new_tokens=6,
+                              repeats=1)
+    for r in records:
+        r["other_cpu_cores"] = 1.02
+    assert "1.02 cores busy" in bench.format_table(records)
+    for r in records:
+        r["other_cpu_cores"] = 0.05
+    assert "cores busy" not in bench.format_table(records)
+    assert busy_machine_note(None) is None and busy_machine_note(0.3) is not None

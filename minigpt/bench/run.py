@@ -20,7 +20,7 @@ import torch
 
 from ..decoding import DecodeStats
 from ..decoding.auto import choice_summary
-from ..device import get_device, time_rotating_over
+from ..device import OtherLoad, get_device, time_rotating_over
 from ..engines import agreement
 from ..peers import PAIRS, PeerMethod, peer_methods, settings_from_bench
 from ..prompts import Prompt, code_prompts, edit_prompts
@@ -176,7 +176,8 @@ def prompt_groups(prompts: list) -> tuple[list[str], dict, dict]:
 
 def method_record(race: Race, name: str, prompts: list, setup: dict, description: str, params: dict) -> dict:
     """One method's record: the totals over all prompts, then ``by_kind`` and ``by_split`` (each set with its
-    own ``by_kind``). ``setup``: the run's device, dtype, threads, max_new_tokens and repeats."""
+    own ``by_kind``). ``setup``: the run's device, dtype, threads, max_new_tokens and repeats, and ``other_cpu_cores``: the cores other
+    processes kept busy during the timed runs (:class:`~minigpt.device.OtherLoad`; None where unknown)."""
     s = race.totals(name, range(len(prompts)))
     total_times, speedups = race.timing(name, range(len(prompts)))
     new_tokens = sum(len(o) for o in race.outputs[name])
@@ -191,7 +192,7 @@ def method_record(race: Race, name: str, prompts: list, setup: dict, description
         method=name, description=description, params=params, gamma=params.get("gamma"),
         device=setup["device"], dtype=setup["dtype"], torch_threads=setup["torch_threads"], n_prompts=len(prompts),
         precision=setup["precision"], batch_invariant=setup["batch_invariant"],
-        max_new_tokens=setup["max_new_tokens"], new_tokens=new_tokens, repeats=setup["repeats"],
+        other_cpu_cores=setup.get("other_cpu_cores"), max_new_tokens=setup["max_new_tokens"], new_tokens=new_tokens, repeats=setup["repeats"],
         target_passes=s.target_passes, draft_passes=s.draft_passes, rounds=s.rounds,
         tokens_per_target_pass=_finite(s.tokens_per_target_pass),
         acceptance_rate=_finite(s.acceptance_rate) if s.tested else None,
@@ -287,13 +288,14 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
     outside = {**peer_fns, **engine_fns}
     names += list(outside)
     params.update({n: fn.params for n, fn in outside.items()})
-    seconds, results = time_rotating_over(bench_calls(names, models, params, outside, max_new_tokens), prompts,
-                                          dev, repeat=repeats, warmup=1, log=log, aa="plain")
+    with OtherLoad() as load:
+        seconds, results = time_rotating_over(bench_calls(names, models, params, outside, max_new_tokens), prompts,
+                                              dev, repeat=repeats, warmup=1, log=log, aa="plain")
     race = check_exactness(seconds, results, {n: "llama_plain" for n in engine_fns})
     setup = dict(device=str(dev), dtype=str(next(models.target.parameters()).dtype).replace("torch.", ""),
                  torch_threads=torch.get_num_threads(), max_new_tokens=max_new_tokens, repeats=repeats,
                  precision=getattr(models.target, "precision", "fp32"),
-                 batch_invariant=getattr(models.target, "batch_invariant", False))
+                 batch_invariant=getattr(models.target, "batch_invariant", False), other_cpu_cores=load.cores)
     records = []
     for n in names:
         theirs = outside.get(n)

@@ -33,7 +33,7 @@ import torch
 
 from ..decoding import DecodeStats
 from ..decoding.suffix import GlobalTree, suffix_generate
-from ..device import time_rotating_over
+from ..device import OtherLoad, busy_machine_note, time_rotating_over
 from ..precision import PRECISIONS
 from ..real.streams import KINDS as SMOLLM2_KINDS
 from ..real.streams import smollm2_streams
@@ -182,10 +182,14 @@ def run_stream_bench(streams: list[Stream], methods=DEFAULT_STREAM_METHODS, mode
             log(f"stream {stream.name}: {len(stream)} requests x {stream.max_new_tokens} tokens")
         fns = stream_fns(names, models, stream, params, suffix)
         inputs = list(enumerate(stream.requests))
-        seconds, results = time_rotating_over(fns, inputs, models.target.device, repeat=repeats, warmup=1,
-                                              log=log, aa="plain")
+        with OtherLoad() as load:
+            seconds, results = time_rotating_over(fns, inputs, models.target.device, repeat=repeats, warmup=1,
+                                                  log=log, aa="plain")
         variants = {n: {**suffix, **STREAM_METHODS[n]} for n in names if n in STREAM_METHODS}
-        records += stream_records(stream, seconds, results, names, {**params, **variants}, models.target)
+        stream_recs = stream_records(stream, seconds, results, names, {**params, **variants}, models.target)
+        for rec in stream_recs:
+            rec["other_cpu_cores"] = load.cores   # how busy the machine was around this stream's runs
+        records += stream_recs
     return records
 
 
@@ -210,6 +214,9 @@ def format_stream_table(records: list[dict]) -> str:
             lines.append(f"  {r['method']:<16} tau {tau:>5}  {r['speedup_vs_plain']:.2f}x ({lo:.2f}-{hi:.2f}) "
                          f"{r['verdict']}{extra}{flags}")
             lines.append(f"  {'':<16} tau by position: " + " ".join(f"{t:.2f}" for t in r["tau_by_position"]))
+        busy = busy_machine_note(r0.get("other_cpu_cores"))
+        if busy:
+            lines.append(f"  {busy}")
     return "\n".join(lines)
 
 

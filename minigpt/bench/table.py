@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+from ..device import busy_machine_note
+
 
 def format_table(records: list[dict]) -> str:
     """A plain-text table of the records."""
@@ -56,6 +58,9 @@ def format_table(records: list[dict]) -> str:
                  f"tree, medusa, eagle, lookahead, a lookup tree -- accepted / tree levels tested: level acceptance)")
     lines.append("verdict: each round's speedup over plain against plain's A/A noise band (plain timed twice per "
                  "round), >= 5 repeats (minigpt.verdict)")
+    busy = busy_machine_note(r0.get("other_cpu_cores"))
+    if busy:
+        lines.append(busy)
     return "\n".join(lines)
 
 
