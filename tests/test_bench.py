@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -240,14 +241,14 @@ def test_other_load_sees_a_busy_neighbour_and_not_this_process():
         pytest.skip("this machine does not report its CPU time (/proc/stat)")
     spin = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 1.5: pass"
     with OtherLoad() as alone_busy:          # this process busy: its own time is not counted
-        t = __import__("time").perf_counter()
-        while __import__("time").perf_counter() - t < 0.5:
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.5:
             pass
     with OtherLoad() as beside:              # a neighbour process spinning the whole time
         proc = subprocess.Popen([sys.executable, "-c", spin])
         proc.wait()
     assert beside.cores > 0.5
-    assert alone_busy.cores < beside.cores
+    assert alone_busy.cores < beside.cores - 0.5   # counting this process's own time would make them about equal
 
 
 def test_other_load_is_none_where_the_machine_does_not_say(monkeypatch, tmp_path):

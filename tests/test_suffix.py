@@ -365,6 +365,7 @@ def test_a_stream_of_identical_requests_speeds_up_the_second_and_not_the_first(t
     assert s["tau_by_position"][0] == local["tau_by_position"][0]   # the first: nothing earlier to draft from
     assert s["tau_by_position"][1] > 2 * local["tau_by_position"][1]  # the second: the first's answer
     assert s["verdict"] in ("faster", "slower", "no measurable difference", "too few repeats")
+    assert all(r["other_cpu_cores"] is None or r["other_cpu_cores"] >= 0 for r in by.values())
 
 
 def test_the_rule_is_checked_a_tree_never_cleared_is_caught(target, monkeypatch):

@@ -176,8 +176,9 @@ def prompt_groups(prompts: list) -> tuple[list[str], dict, dict]:
 
 def method_record(race: Race, name: str, prompts: list, setup: dict, description: str, params: dict) -> dict:
     """One method's record: the totals over all prompts, then ``by_kind`` and ``by_split`` (each set with its
-    own ``by_kind``). ``setup``: the run's device, dtype, threads, max_new_tokens and repeats, and ``other_cpu_cores``: the cores other
-    processes kept busy during the timed runs (:class:`~minigpt.device.OtherLoad`; None where unknown)."""
+    own ``by_kind``). ``setup``: the run's device, dtype, threads, max_new_tokens and repeats, and
+    ``other_cpu_cores``, the cores other processes kept busy during the timed runs
+    (:class:`~minigpt.device.OtherLoad`; None where unknown)."""
     s = race.totals(name, range(len(prompts)))
     total_times, speedups = race.timing(name, range(len(prompts)))
     new_tokens = sum(len(o) for o in race.outputs[name])
@@ -192,7 +193,8 @@ def method_record(race: Race, name: str, prompts: list, setup: dict, description
         method=name, description=description, params=params, gamma=params.get("gamma"),
         device=setup["device"], dtype=setup["dtype"], torch_threads=setup["torch_threads"], n_prompts=len(prompts),
         precision=setup["precision"], batch_invariant=setup["batch_invariant"],
-        other_cpu_cores=setup.get("other_cpu_cores"), max_new_tokens=setup["max_new_tokens"], new_tokens=new_tokens, repeats=setup["repeats"],
+        other_cpu_cores=setup["other_cpu_cores"], max_new_tokens=setup["max_new_tokens"], new_tokens=new_tokens,
+        repeats=setup["repeats"],
         target_passes=s.target_passes, draft_passes=s.draft_passes, rounds=s.rounds,
         tokens_per_target_pass=_finite(s.tokens_per_target_pass),
         acceptance_rate=_finite(s.acceptance_rate) if s.tested else None,

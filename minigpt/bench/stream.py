@@ -117,9 +117,10 @@ def _tau(stats: DecodeStats, tokens: int) -> float:
 
 
 def stream_records(stream: Stream, seconds: dict, results: dict, names: list[str], params: dict,
-                   target=None) -> list[dict]:
+                   target=None, other_cpu_cores: float | None = None) -> list[dict]:
     """One record per method: counts from the first repeat, timing and verdicts from all of them; the
-    ``target``'s precision and whether its path is batch-invariant."""
+    ``target``'s precision and whether its path is batch-invariant; ``other_cpu_cores``, the cores other processes
+    kept busy while the stream was timed (:class:`~minigpt.device.OtherLoad`)."""
     plain_out = [ids for ids, _ in results["plain"][0]]
     aa = paired_ratios(seconds["plain"], seconds[TWIN])
     band = aa_band(aa)
@@ -137,7 +138,7 @@ def stream_records(stream: Stream, seconds: dict, results: dict, names: list[str
                    [st.target_passes for st in stats] for run in runs)
         totals = [sum(row) for row in seconds[name]]
         rec = dict(stream=stream.name, kind=stream.kind, split=stream.split, method=name, precision=precision,
-                   batch_invariant=invariant,
+                   batch_invariant=invariant, other_cpu_cores=other_cpu_cores,
                    params=params.get(name, {}), n_requests=len(stream), max_new_tokens=stream.max_new_tokens,
                    repeats=repeats, torch_threads=torch.get_num_threads(), new_tokens=sum(tokens),
                    target_passes=passes, tokens_per_target_pass=sum(tokens) / passes if passes else None,
@@ -186,10 +187,8 @@ def run_stream_bench(streams: list[Stream], methods=DEFAULT_STREAM_METHODS, mode
             seconds, results = time_rotating_over(fns, inputs, models.target.device, repeat=repeats, warmup=1,
                                                   log=log, aa="plain")
         variants = {n: {**suffix, **STREAM_METHODS[n]} for n in names if n in STREAM_METHODS}
-        stream_recs = stream_records(stream, seconds, results, names, {**params, **variants}, models.target)
-        for rec in stream_recs:
-            rec["other_cpu_cores"] = load.cores   # how busy the machine was around this stream's runs
-        records += stream_recs
+        records += stream_records(stream, seconds, results, names, {**params, **variants}, models.target,
+                                  other_cpu_cores=load.cores)
     return records
 
 
