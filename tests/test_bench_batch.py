@@ -34,11 +34,11 @@ def test_batch_race_records_every_method_and_size():
 def test_every_declared_method_runs_in_the_batch_engine():
     """No list of batched methods: whatever is declared races at B = 2 and 3, exact and leaving no block behind."""
     from minigpt.decoding import METHODS
-    from minigpt.eagle_head import EagleHead
+    from minigpt.eagle_head import Eagle3Head, EagleHead
     from minigpt.medusa_heads import MedusaHeads
     target = random_model(1)
     models = Models(target, perturbed_copy(target, 0.3, seed=2), MedusaHeads.for_target(target, n_heads=2).eval(),
-                    [(0,), (1,), (0, 0)], EagleHead(target).eval())
+                    [(0,), (1,), (0, 0)], EagleHead(target).eval(), eagle3_head=Eagle3Head(target).eval())
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7], [9, 9, 4, 9, 9]]
     records = run_batch_bench([2, 3], methods=tuple(METHODS), max_new_tokens=8, repeats=1, models=models,
                               prompts=prompts)

@@ -7,13 +7,14 @@ import pytest
 from conftest import perturbed_copy, random_model
 from minigpt.real import chat
 from minigpt.decoding import METHODS, Models, generate
-from minigpt.eagle_head import EagleHead
+from minigpt.eagle_head import Eagle3Head, EagleHead
 from minigpt.medusa_heads import MedusaHeads
 
 EOS = 256                                       # byte ids 0..255, then the end token
 MODEL = random_model(4, vocab_size=257, n_layer=3, block_size=160)
 MODELS = Models(MODEL, draft=perturbed_copy(MODEL, 0.05), medusa_heads=MedusaHeads.for_target(MODEL, n_heads=2),
-                medusa_paths=[(0,), (1,), (0, 0)], eagle_head=EagleHead(MODEL).eval(), early_exit_layers=1)
+                medusa_paths=[(0,), (1,), (0, 0)], eagle_head=EagleHead(MODEL).eval(),
+                eagle3_head=Eagle3Head(MODEL).eval(), early_exit_layers=1)
 PARAMS = dict(gamma=3, max_ngram=3, num_pred=4, max_pred=8)   # each method takes those it has
 
 

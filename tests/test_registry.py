@@ -12,7 +12,7 @@ from minigpt.bench import run_bench
 from minigpt.bench.batch import run_batch_bench
 from minigpt.decoding import (METHODS, Models, Proposal, Proposer, Settings, decode, decode_batch, declare,
                               generate)
-from minigpt.eagle_head import EagleHead
+from minigpt.eagle_head import Eagle3Head, EagleHead
 from minigpt.exactness import tv_bound, tv_distance
 from minigpt.medusa_heads import MedusaHeads
 from minigpt.real import chat
@@ -104,14 +104,16 @@ def test_the_declared_toy_samples_exactly_and_the_test_can_fail(toy):
 # ---------------------------------------------------------------- every declared method
 
 def loaded(target: torch.nn.Module) -> Models:
-    """``target`` with every drafter a method may need: a draft, Medusa heads and their tree, an EAGLE head."""
+    """``target`` with every drafter a method may need: a draft, Medusa heads and their tree, an EAGLE head and an
+    EAGLE-3 head."""
     torch.manual_seed(0)
     heads = MedusaHeads.for_target(target, n_heads=2).eval()
-    head = EagleHead(target).eval()
+    head, head3 = EagleHead(target).eval(), Eagle3Head(target).eval()
     with torch.no_grad():
-        for prm in list(heads.parameters()) + list(head.parameters()):
+        for prm in list(heads.parameters()) + list(head.parameters()) + list(head3.parameters()):
             prm.add_(torch.randn_like(prm) * 0.05)
-    return Models(target, perturbed_copy(target, 0.3, seed=2), heads, [(0,), (1,), (0, 0)], head, early_exit_layers=1)
+    return Models(target, perturbed_copy(target, 0.3, seed=2), heads, [(0,), (1,), (0, 0)], head, eagle3_head=head3,
+                  early_exit_layers=1)
 
 
 @pytest.mark.parametrize("name", list(METHODS))

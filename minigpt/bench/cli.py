@@ -104,8 +104,13 @@ def main(argv=None) -> int:
             cfg[k] = getattr(args, k)
     if cfg["repeats"] < 1 or cfg["max_new_tokens"] < 1 or cfg["n_code"] + cfg["n_edit"] < 1:
         ap.error("repeats, max-new-tokens and the number of prompts must be positive")
+    models = Models.shipped(dev, methods=names, precision=args.precision)
+    missing = [n for n in names if METHODS[n].missing(models)]   # e.g. eagle3: the course's pair has no such head
+    if missing and args.methods != ",".join(METHODS):
+        print(f"{ap.prog}: error: the course's pair has no drafter for {', '.join(missing)}", file=sys.stderr)
+        return 2
+    names = [n for n in names if n not in missing]
     print(f"benchmarking {', '.join(names)} on {dev}: {cfg}", file=sys.stderr)
-    models = None if args.precision == "fp32" else Models.shipped(dev, methods=names, precision=args.precision)
     records = run_bench(names, gamma=args.gamma, device=dev, peers=args.peers, models=models,
                         log=lambda m: print(m, file=sys.stderr), **cfg)
     return report(records, args.json)

@@ -26,9 +26,9 @@ SMOLLM2_BENCH_PRESETS = {"full": dict(per_kind=None, max_new_tokens=256, repeats
 
 
 def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=None, eagle: bool = True,
-                   precision: str = "fp32") -> Models:
+                   precision: str = "fp32", eagle3: bool = True) -> Models:
     """:class:`~minigpt.decoding.registry.Models` for SmolLM2 (the "smollm2" family): the model (``target``, or
-    loaded) and its tokenizer, the shipped draft, Medusa heads and EAGLE head when present, the depth of the
+    loaded) and its tokenizer, the shipped draft, Medusa heads, EAGLE and EAGLE-3 heads when present, the depth of the
     self-speculation draft, and ``<|im_end|>`` as the token that ends an answer."""
     if target is None:   # w8a8's smoothing is calibrated on the development requests
         target = load_smollm(device, precision=precision,
@@ -37,7 +37,8 @@ def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=
     target.tokenizer = enc
     models = Models(target, early_exit_layers=EARLY_EXIT_LAYERS, eos_id=enc.encode_single_token(STOP),
                     family="smollm2")
-    wanted = [need for need, want in (("draft", draft), ("medusa_heads", medusa), ("eagle_head", eagle)) if want]
+    wanted = [need for need, want in (("draft", draft), ("medusa_heads", medusa), ("eagle_head", eagle),
+                                      ("eagle3_head", eagle3)) if want]
     return load_drafters(models, wanted)
 
 
@@ -53,7 +54,7 @@ def main_smollm2(args, prog: str, names: list[str], dev) -> int:
         prompts = real_prompts(kinds=kinds, per_kind=cfg.pop("per_kind"), split=args.split)
         needs = {n for name in names for n in METHODS[name].needs}
         models = smollm2_models(dev, draft=True, medusa="medusa_heads" in needs, eagle="eagle_head" in needs,
-                                precision=args.precision)
+                                precision=args.precision, eagle3="eagle3_head" in needs)
         if args.peers:
             models.hf_target = load_hf_smollm(dev)
         engines = None

@@ -292,7 +292,7 @@ def main_stream(argv: list[str]) -> int:
             kinds = tuple(k.strip() for k in (args.kinds or ",".join(SMOLLM2_KINDS)).split(","))
             streams = smollm2_streams(args.split, kinds, args.max_new_tokens or 96, args.n_requests)
             models = smollm2_models("cpu", draft="chain" in names, medusa="medusa" in names, eagle="eagle" in names,
-                                    precision=args.precision)
+                                    precision=args.precision, eagle3="eagle3" in names)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"{ap.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2

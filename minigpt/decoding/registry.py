@@ -5,8 +5,8 @@ A method is a proposer (:class:`~.session.Proposer`) and one :func:`declare` cal
 * how to build its proposer from what is loaded (:class:`Models`: the target, a draft, Medusa heads, an EAGLE
   head) and its parameters, with their defaults for the course's pair and, where they differ, per model family
   (``families={"smollm2": ...}``);
-* what it needs loaded (``needs``: ``"draft"``, ``"medusa_heads"``, ``"eagle_head"``; nothing for a drafter that
-  copies); whether it reads the target's hidden states and whether a batch drafts its sequences together come
+* what it needs loaded (``needs``: ``"draft"``, ``"medusa_heads"``, ``"eagle_head"``, ``"eagle3_head"``; nothing
+  for a drafter that copies); whether it reads the target's hidden states and whether a batch drafts its sequences together come
   with its proposer class (``needs_hidden``, ``batched``);
 * only where they exist, its counterparts in other engines: the transformers decoder it races
   (:mod:`minigpt.peers`) and the llama.cpp method that runs it (:mod:`minigpt.engines`).
@@ -42,13 +42,14 @@ from .suffix import Suffix
 from .tree import DraftTree
 
 # what a method may need loaded, as a Models field -> how a message names it
-NEEDS = {"draft": "a draft model", "medusa_heads": "Medusa heads", "eagle_head": "an EAGLE head"}
+NEEDS = {"draft": "a draft model", "medusa_heads": "Medusa heads", "eagle_head": "an EAGLE head",
+         "eagle3_head": "an EAGLE-3 head"}
 
 
 @dataclass
 class Models:
     """What is loaded, for the methods to build their proposers from: the target, a draft, Medusa heads (with the
-    heads' tree), an EAGLE head, the depth of the target's own early-exit draft (self-speculation; default a third
+    heads' tree), an EAGLE head, an EAGLE-3 head (SmolLM2's; the course's pair has none), the depth of the target's own early-exit draft (self-speculation; default a third
     of its layers), transformers' own model of the same weights (for the race against transformers, if it has
     one), the token that ends an answer (every method stops after it; None: never stop early), the model
     ``family`` whose parameter defaults apply ("course": the shipped pair; "smollm2"), and ``memory``: what a
@@ -58,6 +59,7 @@ class Models:
     medusa_heads: torch.nn.Module | None = None
     medusa_paths: list | None = None
     eagle_head: torch.nn.Module | None = None
+    eagle3_head: torch.nn.Module | None = None
     early_exit_layers: int | None = None
     hf_target: object | None = None
     eos_id: int | None = None
@@ -183,6 +185,9 @@ declare("medusa", Medusa, "Medusa heads on the target propose a sparse candidate
 declare("eagle", Eagle, "an EAGLE head extrapolates the target's features and grows a dynamic tree (EAGLE-2); "
         "exact tree verification", build=lambda m, **p: Eagle(m.eagle_head, **p),
         params=dict(depth=6, top_k=4, total_tokens=16), needs=("eagle_head",))
+declare("eagle3", Eagle, "an EAGLE-3 head (low, middle and high layers fused; trained on its own drafts) grows the "
+        "same dynamic tree; exact tree verification", build=lambda m, **p: Eagle(m.eagle3_head, **p),
+        params=dict(depth=6, top_k=4, total_tokens=16), needs=("eagle3_head",))
 declare("lookahead", Lookahead, "Jacobi iteration over a window of guesses feeds an n-gram pool; pool candidates are "
         "verified in the same target pass; no draft model", params=dict(window=5, ngram=4, candidates=5))
 # chosen by replaying each family's development stream (minigpt.streams, minigpt.real.streams) with its measured

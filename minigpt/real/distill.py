@@ -17,7 +17,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import PACKAGE_CHECKPOINTS
 from ..data import get_batch, load_tokens
 from ..decoding.plain import Plain
 from ..decoding.session import Settings, decode
@@ -29,7 +28,7 @@ from ..training.train_eagle import agreement, train_eagle
 from ..training.train_eagle3 import chain_hits, chain_summary, step_inputs, target_pass, ttt_loss
 from ..training.train_heads import head_accuracy, train_heads
 from .answers import HELD_OUT_NOTE, load_answers
-from .loaders import SMOLLM2_EAGLE_CHECKPOINT, SMOLLM2_MEDUSA_CHECKPOINT
+from .loaders import SMOLLM2_EAGLE3_CHECKPOINT, SMOLLM2_EAGLE_CHECKPOINT, SMOLLM2_MEDUSA_CHECKPOINT
 from .request_sets import real_prompts
 from .smollm import STOP, load_smollm, load_smollm_tokenizer
 
@@ -208,9 +207,6 @@ def train_eagle_head(minutes: float, subset_size: int = 8192, batch_size: int = 
 
 
 # ------------------------------------------------------------------------------------------------- EAGLE-3
-
-SMOLLM2_EAGLE3_CHECKPOINT = PACKAGE_CHECKPOINTS / "smollm2-eagle3.pt"
-
 
 def eagle3_batch(tokens: np.ndarray, answer: np.ndarray, batch_size: int, block_size: int, g: torch.Generator,
                  stdlib: np.ndarray | None = None, stdlib_share: float = 0.0):
