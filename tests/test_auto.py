@@ -329,6 +329,30 @@ def test_a_batch_chooses_plain_steps_when_its_wide_passes_cost_more_than_they_ma
         assert modes.rate[PLAIN] == pytest.approx(len(prompts)), modes.rate
 
 
+def test_a_batch_of_one_is_decided_by_its_own_controller_alone():
+    """With one sequence no other pays for its proposal: no batch-level choice is kept, and the batch engine's
+    rounds are the ones a solo controller takes on the same fake clock (same options, tokens, output)."""
+    from minigpt.decoding.batch import decode_batch
+    target = random_model(0, block_size=256)
+    draft = copy.deepcopy(target)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    runs = []
+    for batched in (False, True):
+        clock = FakeClock()
+        clock.charge(target, lambda n: 1.0 + 0.2 * (n - 1))
+        clock.charge(draft, lambda n: 0.3)
+        auto = Auto({"lookup": Lookup(3, 16), "chain": Chain(draft, 4)}, clock=clock)
+        if batched:
+            outs, stats, _ = decode_batch(target, [prompt], 60, auto)
+            runs.append((outs[0], stats[0].choices))
+            assert auto.memory.batch == {}
+        else:
+            out, st = decode(target, prompt, 60, auto)
+            runs.append((out, st.choices))
+    assert runs[0][0] == runs[1][0] == generate(target, prompt, 60)
+    assert runs[0][1] == runs[1][1] and {name for name, _ in runs[0][1]} - {PLAIN}, runs[0][1]
+
+
 def test_the_batch_choice_probes_the_losing_mode_less_and_less_often():
     """Both modes measured first; then the better one, with the other re-tried after 8, 16, 32, ... rounds while
     it keeps losing; a probe that wins makes its mode the one taken."""

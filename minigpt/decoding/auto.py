@@ -301,10 +301,11 @@ class Option:
 
 @dataclass
 class BatchChoice:
-    """For a batch of one size: whether its sequences speculate this round or all step plainly, chosen as an arm
-    by the whole batch's measured tokens per second (moving averages). In a batch one sequence's wide proposal
-    makes every sequence's pass wider, a cost that sequence's own controller does not see; the batch's tokens
-    per second does. The mode that loses is re-tried after 8 rounds, then 16, 32, ... while it keeps losing."""
+    """For a batch of one size (two sequences or more): whether its sequences speculate this round or all step
+    plainly, chosen as an arm by the whole batch's measured tokens per second (moving averages). In a batch one
+    sequence's wide proposal makes every sequence's pass wider, a cost that sequence's own controller does not
+    see; the batch's tokens per second does. The mode that loses is re-tried after 8 rounds, then 16, 32, ...
+    while it keeps losing. A batch of one has none: its sequence's controller already weighs the whole cost."""
     rate: dict = field(default_factory=dict)        # "plain" / "speculate" -> tokens per second of the batch
     last: dict = field(default_factory=dict)        # mode -> the round it was last taken in
     backoff: int = 8
@@ -480,13 +481,16 @@ class Auto(Proposer):
         the batch's pass is padded to it, so the table holds what a batch round that wide costs, whichever
         sequence made it wide."""
         now, B = self.clock(), len(seqs)
-        choice = self.memory.batch.setdefault((torch.get_num_threads(), B), BatchChoice())
-        if self._batch_round is not None:  # the last batch round: its tokens (each sequence's) over its time
-            mode, start, last = self._batch_round
-            if len(last) == B and all(a is b for a, b in zip(last, seqs)):   # the same sequences, one round on
-                tokens = sum(s.proposer._tokens for s in seqs)
-                choice.book(mode, tokens / max(now - start, 1e-9), self.smoothing)
-        mode = choice.choose()
+        if B == 1:   # no other sequence pays for its proposal: its own controller weighs the whole cost
+            mode = "speculate"
+        else:
+            choice = self.memory.batch.setdefault((torch.get_num_threads(), B), BatchChoice())
+            if self._batch_round is not None:  # the last batch round: its tokens (each sequence's) over its time
+                mode, start, last = self._batch_round
+                if len(last) == B and all(a is b for a, b in zip(last, seqs)):   # the same sequences, one round on
+                    tokens = sum(s.proposer._tokens for s in seqs)
+                    choice.book(mode, tokens / max(now - start, 1e-9), self.smoothing)
+            mode = choice.choose()
         self._batch_round = (mode, now, list(seqs))
         times = self.memory.round_times(self.smoothing, batch=B)   # a batch of B sequences has its own table
         for s in seqs:
