@@ -325,8 +325,8 @@ def test_a_batch_chooses_plain_steps_when_its_wide_passes_cost_more_than_they_ma
     plain_share = sum(name == PLAIN for s in stats for name, _ in s.choices) / sum(len(s.choices) for s in stats)
     assert plain_share > 0.7 if regime == "plain pays" else plain_share < 0.3, plain_share
     assert (modes.rate[PLAIN] > modes.rate["speculate"]) == (regime == "plain pays"), modes.rate
-    if regime == "plain pays":   # a plain round makes one token per sequence in one time unit, whatever came before
-        assert modes.rate[PLAIN] == pytest.approx(len(prompts)), modes.rate
+    if regime == "plain pays":   # a plain round makes one token per sequence in one plain round's time
+        assert modes.rate[PLAIN] == pytest.approx(1.0), modes.rate
 
 
 def test_a_batch_of_one_is_decided_by_its_own_controller_alone():
@@ -351,6 +351,28 @@ def test_a_batch_of_one_is_decided_by_its_own_controller_alone():
             runs.append((out, st.choices))
     assert runs[0][0] == runs[1][0] == generate(target, prompt, 60)
     assert runs[0][1] == runs[1][1] and {name for name, _ in runs[0][1]} - {PLAIN}, runs[0][1]
+
+
+def test_a_shrinking_batch_keeps_its_choice_as_sequences_finish():
+    """Sequences that finish one round apart shrink the batch every round: the sizes share a choice by power-of-two
+    range (batch_bucket), and its rate stays comparable across them (tokens per sequence per plain round), so where
+    plain pays the batch keeps finding it, instead of each new size starting over with a speculating round."""
+    from minigpt.decoding.auto import batch_bucket
+    from minigpt.decoding.batch import Request, serve
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+    target = random_model(0, block_size=256)
+    draft = copy.deepcopy(target)
+    clock = FakeClock()
+    clock.charge(target, lambda n: 1.0 + 2.0 * (n - 1))
+    clock.charge(draft, lambda n: 0.01)
+    prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 6], [7, 8, 7, 8], [9, 3, 9], [2, 2, 5], [6, 1], [3, 3, 3, 3], [8, 4]]
+    auto = Auto({"lookup": Lookup(3, 16), "chain": Chain(draft, 4)}, clock=clock)
+    report = serve(target, [Request(p, 30 + i) for i, p in enumerate(prompts)], auto, max_batch=8)
+    assert report.outputs == [generate(target, p, 30 + i) for i, p in enumerate(prompts)]
+    threads = torch.get_num_threads()
+    assert set(auto.memory.batch) <= {(threads, 8), (threads, 4), (threads, 2)}
+    eight = auto.memory.batch[threads, 8]
+    assert eight.rate[PLAIN] > eight.rate["speculate"], eight.rate
 
 
 def test_the_batch_choice_probes_the_losing_mode_less_and_less_often():

@@ -301,18 +301,20 @@ class Option:
 
 @dataclass
 class BatchChoice:
-    """For a batch of one size (two sequences or more): whether its sequences speculate this round or all step
-    plainly, chosen as an arm by the whole batch's measured tokens per second (moving averages). In a batch one
-    sequence's wide proposal makes every sequence's pass wider, a cost that sequence's own controller does not
-    see; the batch's tokens per second does. The mode that loses is re-tried after 8 rounds, then 16, 32, ...
-    while it keeps losing. A batch of one has none: its sequence's controller already weighs the whole cost."""
-    rate: dict = field(default_factory=dict)        # "plain" / "speculate" -> tokens per second of the batch
+    """For batches of one size range (:func:`batch_bucket`; two sequences or more): whether its sequences
+    speculate this round or all step plainly, chosen as an arm by the whole batch's measured rate (moving
+    averages): tokens per sequence per one-token round of a batch that size, which a plain round keeps near 1 and
+    a speculating round raises only if it pays. In a batch one sequence's wide proposal makes every sequence's
+    pass wider, a cost that sequence's own controller does not see; the batch's rate does. The mode that loses
+    is re-tried after 8 rounds, then 16, 32, ... while it keeps losing. A batch of one has none: its sequence's
+    controller already weighs the whole cost."""
+    rate: dict = field(default_factory=dict)        # "plain" / "speculate" -> the batch's rate (see above)
     last: dict = field(default_factory=dict)        # mode -> the round it was last taken in
     backoff: int = 8
     round: int = 0
 
     def book(self, mode: str, rate: float, smoothing: float) -> None:
-        """The batch's tokens per second in a round taken in ``mode``; a re-tried mode that lost backs off."""
+        """The batch's rate in a round taken in ``mode``; a re-tried mode that lost backs off."""
         probe = len(self.rate) == 2 and mode != self.best()
         old = self.rate.get(mode)
         self.rate[mode] = rate if old is None else old + smoothing * (rate - old)
@@ -338,6 +340,12 @@ class BatchChoice:
         return mode
 
 
+def batch_bucket(B: int) -> int:
+    """The batch sizes that share one :class:`BatchChoice`: B rounded up to a power of two (2, 4, 8, 16, ...), so a
+    batch whose sequences finish one by one keeps what it learnt instead of starting over at every size."""
+    return 1 << max(B - 1, 0).bit_length()
+
+
 def _other(mode: str) -> str:
     return PLAIN if mode == "speculate" else "speculate"
 
@@ -358,7 +366,7 @@ class Memory:
     acceptance: dict = field(default_factory=dict)   # (option, match length or None) -> DepthAcceptance
     backoff: dict = field(default_factory=dict)
     calibration: dict = field(default_factory=dict)
-    batch: dict = field(default_factory=dict)        # (threads, batch size) -> BatchChoice
+    batch: dict = field(default_factory=dict)        # (threads, batch_bucket(batch size)) -> BatchChoice
 
     def round_times(self, smoothing: float, batch: int = 1) -> RoundTimes:
         """The table of round times for this thread count and ``batch`` sequences decoded together."""
@@ -436,7 +444,7 @@ class Auto(Proposer):
         self._tokens = 1
         self.plain_only = False  # set by the batch's choice (propose_batch): every sequence steps plainly
         self._chosen = None      # (chain option, round start) while its drafting is pending
-        self._batch_round = None  # (mode, start, sequences) of the batch round in flight (the batch's own copy)
+        self._batch_round = None  # the batch round in flight: (mode, start, sequences, BatchChoice or None)
         for o in self.options:
             m = self.memory
             o.acceptance = m.acceptance[o.name, None].carried() if (o.name, None) in m.acceptance else DepthAcceptance()
@@ -481,17 +489,22 @@ class Auto(Proposer):
         the batch's pass is padded to it, so the table holds what a batch round that wide costs, whichever
         sequence made it wide."""
         now, B = self.clock(), len(seqs)
+        if self._batch_round is not None:   # the last batch round, if nothing but its own work came since
+            mode, start, last, choice = self._batch_round
+            ids = {id(s) for s in last}
+            if choice is not None and all(id(s) in ids for s in seqs):   # no sequence admitted (a prefill) since
+                # its tokens per sequence over its time, in one-token rounds of a batch of its size: a rate that
+                # stays comparable as sequences finish and the batch shrinks (a plain round makes about 1)
+                t_plain = self.memory.round_times(self.smoothing, batch=len(last))(1)
+                if t_plain is not None:
+                    tokens = sum(s.proposer._tokens for s in last) / len(last)
+                    choice.book(mode, tokens * t_plain / max(now - start, 1e-9), self.smoothing)
         if B == 1:   # no other sequence pays for its proposal: its own controller weighs the whole cost
-            mode = "speculate"
+            mode, choice = "speculate", None
         else:
-            choice = self.memory.batch.setdefault((torch.get_num_threads(), B), BatchChoice())
-            if self._batch_round is not None:  # the last batch round: its tokens (each sequence's) over its time
-                mode, start, last = self._batch_round
-                if len(last) == B and all(a is b for a, b in zip(last, seqs)):   # the same sequences, one round on
-                    tokens = sum(s.proposer._tokens for s in seqs)
-                    choice.book(mode, tokens / max(now - start, 1e-9), self.smoothing)
+            choice = self.memory.batch.setdefault((torch.get_num_threads(), batch_bucket(B)), BatchChoice())
             mode = choice.choose()
-        self._batch_round = (mode, now, list(seqs))
+        self._batch_round = (mode, now, list(seqs), choice)
         times = self.memory.round_times(self.smoothing, batch=B)   # a batch of B sequences has its own table
         for s in seqs:
             s.proposer.times = times
