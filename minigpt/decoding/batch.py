@@ -295,7 +295,10 @@ def decode_batch(target: GPT, prompts, max_new_tokens: int, proposer: Proposer |
     seed, eos_id = s.seed, s.eos_id
     proposer = proposer or Plain()
     prompts = [as_prompt(p, target)[0].tolist() for p in prompts]
-    engine = BatchEngine(target, proposer, s.sampling, max_batch=len(prompts), block_size=block_size)
+    # blocks for what these requests can need at worst (and a shared prefix), not for B whole contexts
+    worst = sum(math.ceil((len(p) + max_new_tokens + proposer.max_width) / block_size) for p in prompts)
+    engine = BatchEngine(target, proposer, s.sampling, n_blocks=worst + math.ceil(max(map(len, prompts)) / block_size),
+                         max_batch=len(prompts), block_size=block_size)
     if share_prefix and len(prompts) > 1:
         n = min(longest_common_prefix(prompts), min(len(p) for p in prompts) - 1)
         if n:
