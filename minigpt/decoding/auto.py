@@ -301,20 +301,20 @@ class Option:
 
 @dataclass
 class BatchChoice:
-    """For batches of one size range (:func:`batch_bucket`; two sequences or more): whether its sequences
-    speculate this round or all step plainly, chosen as an arm by the whole batch's measured rate (moving
-    averages): tokens per sequence per one-token round of a batch that size, which a plain round keeps near 1 and
-    a speculating round raises only if it pays. In a batch one sequence's wide proposal makes every sequence's
-    pass wider, a cost that sequence's own controller does not see; the batch's rate does. The mode that loses
-    is re-tried after 8 rounds, then 16, 32, ... while it keeps losing. A batch of one has none: its sequence's
-    controller already weighs the whole cost."""
-    rate: dict = field(default_factory=dict)        # "plain" / "speculate" -> the batch's rate (see above)
+    """For a batch of one size (two sequences or more): whether its sequences speculate this round or all step
+    plainly, chosen as an arm by the whole batch's measured tokens per second per sequence (moving averages). In a
+    batch one sequence's wide proposal makes every sequence's pass wider, a cost that sequence's own controller
+    does not see; the batch's rate does. The mode that loses is re-tried after 8 rounds, then 16, 32, ...
+    while it keeps losing. A size not seen yet starts from the nearest size's choice (:meth:`Auto._batch_choice`).
+    A batch of one has none: its sequence's controller already weighs the whole cost."""
+    rate: dict = field(default_factory=dict)        # "plain" / "speculate" -> tokens per second per sequence
     last: dict = field(default_factory=dict)        # mode -> the round it was last taken in
     backoff: int = 8
     round: int = 0
 
     def book(self, mode: str, rate: float, smoothing: float) -> None:
-        """The batch's rate in a round taken in ``mode``; a re-tried mode that lost backs off."""
+        """The batch's tokens per second per sequence in a round taken in ``mode``; a re-tried mode that lost backs
+        off."""
         probe = len(self.rate) == 2 and mode != self.best()
         old = self.rate.get(mode)
         self.rate[mode] = rate if old is None else old + smoothing * (rate - old)
@@ -340,12 +340,6 @@ class BatchChoice:
         return mode
 
 
-def batch_bucket(B: int) -> int:
-    """The batch sizes that share one :class:`BatchChoice`: B rounded up to a power of two (2, 4, 8, 16, ...), so a
-    batch whose sequences finish one by one keeps what it learnt instead of starting over at every size."""
-    return 1 << max(B - 1, 0).bit_length()
-
-
 def _other(mode: str) -> str:
     return PLAIN if mode == "speculate" else "speculate"
 
@@ -366,7 +360,7 @@ class Memory:
     acceptance: dict = field(default_factory=dict)   # (option, match length or None) -> DepthAcceptance
     backoff: dict = field(default_factory=dict)
     calibration: dict = field(default_factory=dict)
-    batch: dict = field(default_factory=dict)        # (threads, batch_bucket(batch size)) -> BatchChoice
+    batch: dict = field(default_factory=dict)        # (threads, batch size) -> BatchChoice
 
     def round_times(self, smoothing: float, batch: int = 1) -> RoundTimes:
         """The table of round times for this thread count and ``batch`` sequences decoded together."""
@@ -409,6 +403,7 @@ class Auto(Proposer):
     the machine's measurements in across generations (default: this controller's own). Choices follow measured
     time, so a seeded sampled run is distributed as the target's but not reproducible from its seed alone."""
     batched = True   # in a batch, the sequences that chose the draft chain draft together (_draft_chains)
+    lazy_draft = True  # the draft catches up when the chain is first chosen (Chain.feed_batch), if it ever is
 
     def __init__(self, options: dict[str, Proposer], gamma_max: int = 8, max_send: int = 32, smoothing: float = 0.3,
                  clock=time.perf_counter, memory: Memory | None = None):
@@ -493,16 +488,14 @@ class Auto(Proposer):
             mode, start, last, choice = self._batch_round
             ids = {id(s) for s in last}
             if choice is not None and all(id(s) in ids for s in seqs):   # no sequence admitted (a prefill) since
-                # its tokens per sequence over its time, in one-token rounds of a batch of its size: a rate that
-                # stays comparable as sequences finish and the batch shrinks (a plain round makes about 1)
-                t_plain = self.memory.round_times(self.smoothing, batch=len(last))(1)
-                if t_plain is not None:
-                    tokens = sum(s.proposer._tokens for s in last) / len(last)
-                    choice.book(mode, tokens * t_plain / max(now - start, 1e-9), self.smoothing)
+                # tokens per sequence (those that finished in it included) per second: within one batch size the
+                # batch's own rate over B; a size copied from its neighbour starts near its own
+                tokens = sum(s.proposer._tokens for s in last) / len(last)
+                choice.book(mode, tokens / max(now - start, 1e-9), self.smoothing)
         if B == 1:   # no other sequence pays for its proposal: its own controller weighs the whole cost
             mode, choice = "speculate", None
         else:
-            choice = self.memory.batch.setdefault((torch.get_num_threads(), batch_bucket(B)), BatchChoice())
+            choice = self._batch_choice(B)
             mode = choice.choose()
         self._batch_round = (mode, now, list(seqs), choice)
         times = self.memory.round_times(self.smoothing, batch=B)   # a batch of B sequences has its own table
@@ -526,6 +519,19 @@ class Auto(Proposer):
             if pending is not None:
                 s.proposer._pending = (pending[0], widest, *pending[2:])
         return proposals
+
+    def _batch_choice(self, B: int) -> "BatchChoice":
+        """The choice for batches of B sequences; a size not seen yet starts as a copy of the nearest size seen (a
+        batch whose sequences finish one by one goes on from what it learnt, instead of measuring both modes
+        again at every size; its own rounds soon replace the copied rates)."""
+        threads = torch.get_num_threads()
+        key = (threads, B)
+        if key not in self.memory.batch:
+            seen = [b for t, b in self.memory.batch if t == threads]
+            nearest = min(seen, key=lambda b: (abs(b - B), b)) if seen else None
+            self.memory.batch[key] = (BatchChoice() if nearest is None
+                                      else copy.deepcopy(self.memory.batch[threads, nearest]))
+        return self.memory.batch[key]
 
     # -- deciding ---------------------------------------------------------------------------------------------
     def _due(self, o: Option) -> bool:

@@ -215,7 +215,7 @@ class BatchEngine:
             table = PagedSequence(self.pool)
             draft_table = PagedSequence(self.draft_pool) if self.draft is not None else None
         hidden.append(self._prefill(self.target, table, ids[start:-1], self.needs_hidden or True))
-        if draft_table is not None:
+        if draft_table is not None and not self.proposer.lazy_draft:
             self._prefill(self.draft, draft_table, ids[start:-1])
         hidden = [h for h in hidden if h is not None]
         new_hidden = torch.cat(hidden) if self.needs_hidden and hidden else None

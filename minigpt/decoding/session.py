@@ -187,6 +187,8 @@ class Proposer:
     Class attributes a proposer may set:
     ``draft``        a draft model; the session checks it, keeps its KV cache (``session.draft_cache``,
                      prefilled like the target's and rolled back after every round) and passes it nothing else;
+    ``lazy_draft``   True: the draft's cache starts empty, not prefilled, because the proposer catches the draft
+                     up itself when it first drafts (the controller, which may never choose the chain);
     ``needs_hidden`` the session keeps ``session.new_hidden``, the target's final hidden states at the
                      positions the last pass added to the cache (the prefill's, then each round's root and
                      accepted nodes: EAGLE reads them), and ``session.hidden``, the last of them, at the position
@@ -202,6 +204,7 @@ class Proposer:
                      (a draft chain, a draft tree); False: each sequence drafts on its own (nothing to batch, or a
                      drafter that works per sequence), and only the target's pass is shared."""
     draft: GPT | None = None
+    lazy_draft: bool = False
     needs_hidden: bool | tuple[int, ...] = False
     speculative: bool = True
     max_width: int = 64
@@ -296,8 +299,10 @@ class Session(Progress):
                  on_tokens=None, draft: GPT | None = None, needs_hidden: bool | tuple[int, ...] = False,
                  rule: Callable[[SamplingConfig, torch.Generator | None], Rule] | None = None, max_width: int = 64,
                  proposer: Proposer | None = None):
+        lazy_draft = False
         if proposer is not None:
             draft, needs_hidden, max_width = proposer.draft, proposer.needs_hidden, proposer.max_width
+            lazy_draft = proposer.lazy_draft
             rule = rule or proposer.rule
         idx = as_prompt(prompt, target)
         n_prompt = idx.shape[1]
@@ -323,7 +328,8 @@ class Session(Progress):
         self.draft_cache = None
         if draft is not None:
             self.draft_cache = KVCache.for_model(draft, max_len=min(room, draft.config.block_size + max_width))
-            prefill(draft, self.draft_cache, idx.to(draft.device))
+            if not lazy_draft:
+                prefill(draft, self.draft_cache, idx.to(draft.device))
         self.stats.prefills += 1
         self.stream = Stream(self.stats, max_new_tokens, eos_id, on_tokens)
         self.ended = False  # set once eos_id was produced
