@@ -44,6 +44,26 @@ def test_time_rotating_rotates_the_order_and_keeps_the_first_result():
         time_rotating({"a": make("a")}, "cpu", repeat=0)
 
 
+def test_the_garbage_collector_is_paused_while_timed_calls_run_and_runs_between_repeats():
+    import gc
+    seen, collections = [], []
+    callback = lambda phase, info: collections.append(phase) if phase == "start" else None   # noqa: E731
+    gc.callbacks.append(callback)
+    try:
+        time_rotating({"a": lambda: seen.append(gc.isenabled()), "b": lambda: seen.append(gc.isenabled())}, "cpu",
+                      repeat=3, warmup=0)
+    finally:
+        gc.callbacks.remove(callback)
+    assert seen == [False] * 6 and gc.isenabled()
+    assert len(collections) >= 3                       # one full collection before each repeat, untimed
+    gc.disable()
+    try:                                               # a caller that had it off finds it off
+        time_rotating({"a": lambda: None}, "cpu", repeat=2, warmup=0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 # ---- exactness ----------------------------------------------------------------------------------------------
 
 def test_samples_needed_is_the_smallest_n_meeting_the_margin():
