@@ -161,12 +161,12 @@ def time_rotating_over(fns: dict, inputs: list, device, repeat: int = 5, warmup:
     seconds = {label: [[0.0] * len(inputs) for _ in range(repeat)] for label in labels}
     results = {label: [[None] * len(inputs) for _ in range(repeat)] for label in labels}
     enabled = gc.isenabled()
+    gc.disable()   # paused while the calls run; a full collection between repeats, untimed (see the docstring)
     try:
         for r in range(repeat):
             if log:
                 log(f"repeat {r + 1}/{repeat}")
-            gc.collect()   # between repeats, untimed; paused while the calls run (see the docstring)
-            gc.disable()
+            gc.collect()
             for i, x in enumerate(inputs):
                 k = (i + r) % len(labels)
                 for label in labels[k:] + labels[:k]:
@@ -175,8 +175,6 @@ def time_rotating_over(fns: dict, inputs: list, device, repeat: int = 5, warmup:
                     results[label][r][i] = fns[label](x)
                     synchronize(device)
                     seconds[label][r][i] = time.perf_counter() - t0
-            if enabled:
-                gc.enable()
     finally:
         if enabled:
             gc.enable()

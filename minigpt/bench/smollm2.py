@@ -28,8 +28,8 @@ SMOLLM2_BENCH_PRESETS = {"full": dict(per_kind=None, max_new_tokens=256, repeats
 def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=None, eagle: bool = True,
                    precision: str = "fp32", eagle3: bool = True) -> Models:
     """:class:`~minigpt.decoding.registry.Models` for SmolLM2 (the "smollm2" family): the model (``target``, or
-    loaded) and its tokenizer, the shipped draft, Medusa heads, EAGLE and EAGLE-3 heads when present, the depth of the
-    self-speculation draft, and ``<|im_end|>`` as the token that ends an answer."""
+    loaded) and its tokenizer, the shipped draft, Medusa heads, EAGLE and EAGLE-3 heads when present, the depth of
+    the self-speculation draft, and ``<|im_end|>`` as the token that ends an answer."""
     if target is None:   # w8a8's smoothing is calibrated on the development requests
         target = load_smollm(device, precision=precision,
                              calibration=w8a8_calibration() if precision == "w8a8" else None)

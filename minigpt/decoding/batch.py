@@ -120,6 +120,11 @@ class BatchStats:
         return sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else float("nan")
 
 
+def worst_blocks(prompt_len: int, max_new_tokens: int, max_width: int, block_size: int) -> int:
+    """The KV blocks a request can need at worst: its prompt, its new tokens and one proposal past them."""
+    return math.ceil((prompt_len + max_new_tokens + max_width) / block_size)
+
+
 class BatchEngine:
     """Decodes the sequences it has admitted together, one round per :meth:`step`, on a paged KV cache.
 
@@ -154,8 +159,7 @@ class BatchEngine:
 
     # -- memory ---------------------------------------------------------------------------------------------
     def _worst_blocks(self, request: Request) -> int:
-        need = len(request.prompt) + request.max_new_tokens + self.proposer.max_width
-        return math.ceil(need / self.block_size)
+        return worst_blocks(len(request.prompt), request.max_new_tokens, self.proposer.max_width, self.block_size)
 
     def blocks_promised(self) -> int:
         """Blocks the active sequences may still need at worst, plus the registered prefixes'."""
@@ -296,9 +300,10 @@ def decode_batch(target: GPT, prompts, max_new_tokens: int, proposer: Proposer |
     proposer = proposer or Plain()
     prompts = [as_prompt(p, target)[0].tolist() for p in prompts]
     # blocks for what these requests can need at worst (and a shared prefix), not for B whole contexts
-    worst = sum(math.ceil((len(p) + max_new_tokens + proposer.max_width) / block_size) for p in prompts)
-    engine = BatchEngine(target, proposer, s.sampling, n_blocks=worst + math.ceil(max(map(len, prompts)) / block_size),
-                         max_batch=len(prompts), block_size=block_size)
+    worst = sum(worst_blocks(len(p), max_new_tokens, proposer.max_width, block_size) for p in prompts)
+    prefix = math.ceil(max(map(len, prompts)) / block_size)
+    engine = BatchEngine(target, proposer, s.sampling, n_blocks=worst + prefix, max_batch=len(prompts),
+                         block_size=block_size)
     if share_prefix and len(prompts) > 1:
         n = min(longest_common_prefix(prompts), min(len(p) for p in prompts) - 1)
         if n:

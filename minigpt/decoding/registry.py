@@ -6,8 +6,8 @@ A method is a proposer (:class:`~.session.Proposer`) and one :func:`declare` cal
   head) and its parameters, with their defaults for the course's pair and, where they differ, per model family
   (``families={"smollm2": ...}``);
 * what it needs loaded (``needs``: ``"draft"``, ``"medusa_heads"``, ``"eagle_head"``, ``"eagle3_head"``; nothing
-  for a drafter that copies); whether it reads the target's hidden states and whether a batch drafts its sequences together come
-  with its proposer class (``needs_hidden``, ``batched``);
+  for a drafter that copies); whether it reads the target's hidden states and whether a batch drafts its sequences
+  together come with its proposer class (``needs_hidden``, ``batched``);
 * only where they exist, its counterparts in other engines: the transformers decoder it races
   (:mod:`minigpt.peers`) and the llama.cpp method that runs it (:mod:`minigpt.engines`).
 
@@ -49,11 +49,12 @@ NEEDS = {"draft": "a draft model", "medusa_heads": "Medusa heads", "eagle_head":
 @dataclass
 class Models:
     """What is loaded, for the methods to build their proposers from: the target, a draft, Medusa heads (with the
-    heads' tree), an EAGLE head, an EAGLE-3 head (SmolLM2's; the course's pair has none), the depth of the target's own early-exit draft (self-speculation; default a third
-    of its layers), transformers' own model of the same weights (for the race against transformers, if it has
-    one), the token that ends an answer (every method stops after it; None: never stop early), the model
-    ``family`` whose parameter defaults apply ("course": the shipped pair; "smollm2"), and ``memory``: what a
-    method keeps across generations of these models (the controller's round times, :class:`~.auto.Memory`)."""
+    heads' tree), an EAGLE head, an EAGLE-3 head (SmolLM2's; the course's pair has none), the depth of the
+    target's own early-exit draft (self-speculation; default a third of its layers), transformers' own model of
+    the same weights (for the race against transformers, if it has one), the token that ends an answer (every
+    method stops after it; None: never stop early), the model ``family`` whose parameter defaults apply
+    ("course": the shipped pair; "smollm2"), and ``memory``: what a method keeps across generations of these
+    models (the controller's round times, :class:`~.auto.Memory`)."""
     target: torch.nn.Module
     draft: torch.nn.Module | None = None
     medusa_heads: torch.nn.Module | None = None

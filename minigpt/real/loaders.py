@@ -1,9 +1,10 @@
-"""The drafters for SmolLM2 (a distilled two-layer draft, Medusa heads, an EAGLE head, an EAGLE-3 head), which of them are installed,
-and the settings every SmolLM2 decoder shares: the self-speculation depth, the chat's draft length. Prompt lookup's
-settings for SmolLM2 are declared with the method (the "smollm2" family of :mod:`minigpt.decoding.registry`).
+"""The drafters for SmolLM2 (a distilled two-layer draft, Medusa heads, an EAGLE head, an EAGLE-3 head), which of
+them are installed, and the settings every SmolLM2 decoder shares: the self-speculation depth, the chat's draft
+length. Prompt lookup's settings for SmolLM2 are declared with the method (the "smollm2" family of
+:mod:`minigpt.decoding.registry`).
 
-The files are trained by ``python -m minigpt.real train-draft`` / ``train-medusa`` / ``train-eagle`` / ``train-eagle3``
-(:mod:`minigpt.real.distill`) and live in ``minigpt/checkpoints/``, next to the course's own pair.
+The files are trained by ``python -m minigpt.real train-draft`` / ``train-medusa`` / ``train-eagle`` /
+``train-eagle3`` (:mod:`minigpt.real.distill`) and live in ``minigpt/checkpoints/``, next to the course's own pair.
 """
 from __future__ import annotations
 
