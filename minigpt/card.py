@@ -43,7 +43,7 @@ def measure_cost_ratio(target, draft, n_prompts: int = 8, max_new_tokens: int = 
                                   f"{max_new_tokens} tokens, {repeat} interleaved rounds"))
 
 
-def measure_acceptance(target, draft, n_prompts: int = 16, max_new_tokens: int = 64, gamma: int = 4) -> dict:
+def measure_acceptance(target, draft, n_prompts: int = 16, max_new_tokens: int = 128, gamma: int = 4) -> dict:
     """Greedy chain speculation on held-out code prompts; checks the output equals plain greedy decoding."""
     total = DecodeStats()
     identical = True
@@ -57,18 +57,16 @@ def measure_acceptance(target, draft, n_prompts: int = 16, max_new_tokens: int =
                 identical_to_plain_greedy=bool(identical))
 
 
-TARGETS = dict(tokens_per_target_pass=2.5, acceptance_rate_alpha=0.6, cost_ratio_c=0.15)  # the maintainers' goals
+# the maintainers' goals for the pair's draft (greedy, gamma 4, held-out code); its speed goal (the chain >= 1.3x
+# plain) is the benchmark's to measure, not the card's
+TARGETS = dict(tokens_per_target_pass=3.5, acceptance_rate_alpha=0.8)
 
 
 def check_targets(pair: dict) -> dict:
     """The maintainers' goals for the pair (at gamma 4, greedy, held-out code) next to what was measured, and
     whether all are met. Printed by ``python -m minigpt.card``; not part of the card."""
-    met = (pair["tokens_per_target_pass"] >= TARGETS["tokens_per_target_pass"]
-           and pair["acceptance_rate_alpha"] >= TARGETS["acceptance_rate_alpha"]
-           and pair["cost_ratio_c"] <= TARGETS["cost_ratio_c"])
-    return dict(tokens_per_target_pass=f">= {TARGETS['tokens_per_target_pass']}",
-                acceptance_rate_alpha=f">= {TARGETS['acceptance_rate_alpha']}",
-                cost_ratio_c=f"<= {TARGETS['cost_ratio_c']}", met=met)
+    met = all(pair[k] >= v for k, v in TARGETS.items())
+    return {**{k: f">= {v}" for k, v in TARGETS.items()}, "met": met}
 
 
 @torch.no_grad()
@@ -113,6 +111,11 @@ def describe_card(card: dict) -> str:
     where = f", measured in {p['cost_measured_in']}" if p.get("cost_measured_in") else ""
     lines.append(f"cost: target step {p['target_step_ms']} ms, draft pass {p['draft_step_ms']} ms, so c = "
                  f"{p['cost_ratio_c']} target steps per drafted token ({p['measured_on']}{where})")
+    old = card["models"].get("draft1", {}).get("as_the_pairs_draft")
+    if old:
+        lines.append(f"draft1 (the earlier one-layer draft) as the pair's draft, measured the same way: alpha = "
+                     f"{old['acceptance_rate_alpha']:.3f}, tau = {old['tokens_per_target_pass']:.2f}, top token = "
+                     f"target's on {old['argmax_agreement_on_held_out_text']:.1%}, c = {old['cost_ratio_c']}")
     if card.get("recipe"):
         lines.append(f"recipe: {card['recipe']}")
     return "\n".join(lines)
@@ -124,16 +127,22 @@ def _measured_on() -> str:
 
 def build_card(n_prompts: int, recipe: str | None = None) -> dict:
     """Measure the shipped pair on the CPU and return its card (public fields only)."""
-    target, draft = load_pretrained("target", "cpu"), load_pretrained("draft", "cpu")
+    loaded = {name: load_pretrained(name, "cpu") for name in ("target", "draft", "draft1")}
+    target = loaded["target"]
     models = {}
-    for name, model in (("target", target), ("draft", draft)):
+    for name, model in loaded.items():
         info = json.loads(read_checkpoint(PACKAGE_CHECKPOINTS / f"{name}.pt").get("train_info", "{}"))
-        models[name] = dict(config=model.config.to_dict(), params=model.num_params(), training=info)
-    models["target"]["copying"] = measure_copying(target)
-    pair = dict(measure_acceptance(target, draft, n_prompts),
-                argmax_agreement_on_held_out_text=round(measure_agreement(target, draft), 4),
-                **measure_cost_ratio(target, draft),
-                measured_on=_measured_on())
+        models[name] = dict(config=model.config.to_dict(), params=model.num_params(), training=info,
+                            copying=measure_copying(model))
+
+    def as_draft(draft):
+        return dict(measure_acceptance(target, draft, n_prompts),
+                    argmax_agreement_on_held_out_text=round(measure_agreement(target, draft), 4),
+                    **measure_cost_ratio(target, draft))
+
+    pair = dict(as_draft(loaded["draft"]), measured_on=_measured_on())
+    # the one-layer draft the pair had before, measured the same way: what two layers bought, and what they cost
+    models["draft1"]["as_the_pairs_draft"] = as_draft(loaded["draft1"])
     card = dict(
         data=("Python standard library source of CPython " + platform.python_version() +
               " (tests excluded), train/validation split by file (5% held out); tokenizer: 4096-token byte-level "
@@ -150,7 +159,12 @@ def main(argv=None) -> None:
     ap.add_argument("--write", action="store_true", help="write minigpt/checkpoints/card.json")
     ap.add_argument("--recipe", help="how to train the pair again, in words (default: keep the current card's)")
     ap.add_argument("--cost-only", action="store_true", help="re-measure c alone and update those fields")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads for torch while timing c (default 1, as the lessons and the benchmark time)")
     args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error("threads must be 1 or more")
+    torch.set_num_threads(args.threads)
     path = PACKAGE_CHECKPOINTS / "card.json"
     if args.cost_only:
         card = json.loads(path.read_text())

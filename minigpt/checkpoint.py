@@ -16,7 +16,7 @@ from .model import GPT, GPTConfig
 from .precision import reduce_precision
 
 PACKAGE_CHECKPOINTS = Path(__file__).parent / "checkpoints"
-PRETRAINED = ("target", "draft", "draft2")
+PRETRAINED = ("target", "draft", "draft1")
 PUBLIC_FIELDS = ("data", "models", "pair", "recipe")  # everything a card holds; nothing else is written or shown
 
 
@@ -76,9 +76,9 @@ def load_model(path: str | Path, device: str | torch.device | None = None) -> GP
 
 def load_pretrained(name: str = "target", device: str | torch.device | None = None,
                     precision: str = "fp32") -> GPT:
-    """One of the models shipped with the package: ``"target"``, ``"draft"`` (the pair's draft) or ``"draft2"``
-    (a two-layer draft that copies, not yet the pair's: ``checkpoints/draft2_card.json``). ``precision``: "fp32" (as
-    trained), or "bf16" / "int4" / "w8a8" weights on the batch-invariant path
+    """One of the models shipped with the package: ``"target"``, ``"draft"`` (the pair's draft: two layers, so
+    it can copy from its context) or ``"draft1"`` (the pair's earlier one-layer draft, kept for comparison: it
+    cannot copy; ``checkpoints/card.json`` compares the two). ``precision``: "fp32" (as trained), or "bf16" / "int4" / "w8a8" weights on the batch-invariant path
     (:func:`minigpt.precision.reduce_precision`, CPU only)."""
     if name not in PRETRAINED:
         raise ValueError(f"unknown pretrained model {name!r}; choose one of {', '.join(PRETRAINED)}")

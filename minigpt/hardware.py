@@ -26,7 +26,7 @@ from .verdict import paired_ratios, ratio_interval
 # that makes "draft" and "target" a little larger than the shipped checkpoints (see ``num_params``).
 MODEL_SIZES: dict[str, GPTConfig] = {
     "tiny": GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=1024),     # ~0.1M: almost nothing to read
-    "draft": GPTConfig(n_layer=1, n_head=3, n_embd=96, block_size=1024),    # the shipped draft's shape
+    "draft": GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=1024),   # the shipped draft's shape
     "target": GPTConfig(n_layer=6, n_head=8, n_embd=256, block_size=1024),  # the shipped target's shape
     "small": GPTConfig(n_layer=8, n_head=8, n_embd=512, block_size=1024),   # ~28M
     "base": GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024),  # ~89M, GPT-2 small's body

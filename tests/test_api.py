@@ -95,9 +95,8 @@ def test_the_card_reports_the_measured_pair_and_only_public_fields():
     text = describe_card(card)
     assert f"alpha = {pair['acceptance_rate_alpha']:.3f}" in text and "targets" not in text
     goals = check_targets(pair)  # "met" is what the numbers say, not a claim
-    assert goals["met"] == (pair["tokens_per_target_pass"] >= 2.5 and pair["acceptance_rate_alpha"] >= 0.6
-                            and pair["cost_ratio_c"] <= 0.15)
-    for name in ("target", "draft"):
+    assert goals["met"] == (pair["tokens_per_target_pass"] >= 3.5 and pair["acceptance_rate_alpha"] >= 0.8)
+    for name in ("target", "draft", "draft1"):
         training = card["models"][name]["training"]
         assert training["steps"] > 0 and training["tokens_seen"] > 0 and training["val_loss"] > 0
 

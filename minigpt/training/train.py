@@ -57,12 +57,13 @@ class Preset:
 TRAIN_PRESETS = {
     # ~5.8M parameters: the model we speed up
     "target": Preset(GPTConfig(n_layer=6, n_head=8, n_embd=256)),
-    # ~0.7M parameters, one thin layer: as few operations as possible, because on a CPU a tiny model's
-    # cost is mostly per-operation overhead, not arithmetic
-    "draft": Preset(GPTConfig(n_layer=1, n_head=3, n_embd=96)),
-    # ~1.3M parameters, two layers: a draft that can copy from its context (an induction head needs a layer to
-    # find the earlier occurrence and a second to read what followed it), distilled from the copy-trained target
-    "draft2": Preset(GPTConfig(n_layer=2, n_head=4, n_embd=128)),
+    # ~0.95M parameters, two layers: the pair's draft. Two, because a draft that can copy from its context needs
+    # them (an induction head needs a layer to find the earlier occurrence and a second to read what followed
+    # it); distilled from the copy-trained target
+    "draft": Preset(GPTConfig(n_layer=2, n_head=4, n_embd=128)),
+    # ~0.5M parameters, one thin layer: the pair's earlier draft (as few operations as possible, because on a
+    # CPU a tiny model's cost is mostly per-operation overhead), kept for comparison: it cannot copy
+    "draft1": Preset(GPTConfig(n_layer=1, n_head=3, n_embd=96)),
     # a draft for SmolLM2-135M (Lesson 09), trained by `python -m minigpt.real train-draft` (not by this
     # module's command) on SmolLM2's own answers: a two-layer Llama of width 128 in SmolLM2's 49152-token
     # vocabulary (two layers, since copying from the prompt as induction heads do takes two), its embedding
