@@ -185,7 +185,11 @@ def test_a_method_without_its_drafter_fails_in_one_line():
 # ---------------------------------------------------------------- the command line
 
 @pytest.mark.parametrize("argv,message", [(["--methods", "plain,nope"], "unknown method 'nope'; available: plain"),
-                                          (["--device", "nodevice"], "device 'nodevice' is not usable here")])
+                                          (["--device", "nodevice"], "device 'nodevice' is not usable here"),
+                                          (["--model", "smollm2", "--draft", "draft1"],
+                                           "--draft chooses the course pair's draft"),
+                                          (["--batch", "1,2", "--draft", "draft1"],
+                                           "--draft chooses the course pair's draft")])
 def test_cli_errors_are_one_line(argv, message, capsys):
     assert bench.main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -207,6 +211,11 @@ def test_cli_quick_json_on_the_shipped_pair(tmp_path, target, draft):
     assert records[0]["tokens_per_target_pass"] == 1 and records[0]["acceptance_rate"] is None
     assert 0 <= records[1]["acceptance_rate"] <= 1 and records[1]["gamma"] == 4
     assert "identical" in proc.stdout and "chain" in proc.stdout  # the table
+
+
+def test_the_shipped_models_take_either_draft():
+    one, two = (bench.Models.shipped("cpu", draft=name).draft for name in ("draft1", "draft"))
+    assert one.config.n_layer == 1 and two.config.n_layer == 2
 
 
 def test_cli_smollm2_without_the_file_is_one_line(monkeypatch, tmp_path, capsys):

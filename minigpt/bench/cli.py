@@ -62,6 +62,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads for torch (default 1: the models are tiny, and on a busy machine more "
                          "threads were measured to slow decoding down many times over; 0 = torch's default)")
+    ap.add_argument("--draft", choices=["draft", "draft1"], default="draft",
+                    help="course only: the draft model of the methods that use one (default the pair's two-layer "
+                         "draft; draft1: the earlier one-layer draft, to race the two)")
     ap.add_argument("--precision", choices=PRECISIONS, default="fp32",
                     help="the target's (and draft's) weights: fp32 (default), or bf16 / int4 / w8a8 on the "
                          "batch-invariant path (minigpt.precision; CPU only); with --engines, llama.cpp races our "
@@ -78,6 +81,9 @@ def main(argv=None) -> int:
                 require_transformers()
             except ImportError as e:
                 raise ValueError(str(e)) from None
+        if args.draft != "draft" and (args.model != "course" or args.batch is not None):
+            raise ValueError("--draft chooses the course pair's draft in the single-sequence race: drop --model "
+                             "smollm2 and --batch")
         if args.engines:
             if args.model != "smollm2":
                 raise ValueError("--engines runs llama.cpp on SmolLM2's GGUF file: add --model smollm2")
@@ -104,7 +110,7 @@ def main(argv=None) -> int:
             cfg[k] = getattr(args, k)
     if cfg["repeats"] < 1 or cfg["max_new_tokens"] < 1 or cfg["n_code"] + cfg["n_edit"] < 1:
         ap.error("repeats, max-new-tokens and the number of prompts must be positive")
-    models = Models.shipped(dev, methods=names, precision=args.precision)
+    models = Models.shipped(dev, methods=names, precision=args.precision, draft=args.draft)
     missing = [n for n in names if METHODS[n].missing(models)]   # e.g. eagle3: the course's pair has no such head
     if missing and args.methods != ",".join(METHODS):
         print(f"{ap.prog}: error: the course's pair has no drafter for {', '.join(missing)}", file=sys.stderr)
@@ -113,6 +119,8 @@ def main(argv=None) -> int:
     print(f"benchmarking {', '.join(names)} on {dev}: {cfg}", file=sys.stderr)
     records = run_bench(names, gamma=args.gamma, device=dev, peers=args.peers, models=models,
                         log=lambda m: print(m, file=sys.stderr), **cfg)
+    for r in records:
+        r["draft_model"] = args.draft   # which shipped draft the methods that use one ran with
     return report(records, args.json)
 
 

@@ -69,12 +69,14 @@ class Models:
     memory: dict = field(default_factory=dict)
 
     @classmethod
-    def shipped(cls, device, medusa: bool = False, eagle: bool = False, methods=(), precision: str = "fp32") -> "Models":
+    def shipped(cls, device, medusa: bool = False, eagle: bool = False, methods=(), precision: str = "fp32",
+                draft: str = "draft") -> "Models":
         """The course's shipped target and draft on ``device`` (each carrying the course's tokenizer, which the
         vocabulary check compares), its Medusa heads if ``medusa``, its EAGLE head if ``eagle`` or if one of
-        ``methods`` (names) needs them; ``precision``: the target's and draft's weights (:mod:`minigpt.precision`)."""
+        ``methods`` (names) needs them; ``precision``: the target's and draft's weights (:mod:`minigpt.precision`);
+        ``draft``: which shipped draft ("draft", the pair's; "draft1", the earlier one-layer draft)."""
         needs = {n for m in methods if m in METHODS for n in METHODS[m].needs}
-        models = cls(load_pretrained("target", device, precision), load_pretrained("draft", device, precision))
+        models = cls(load_pretrained("target", device, precision), load_pretrained(draft, device, precision))
         models.target.tokenizer = models.draft.tokenizer = load_tokenizer()
         if medusa or "medusa_heads" in needs:
             models.medusa_heads, models.medusa_paths = load_medusa(models.target)
