@@ -78,8 +78,8 @@ def load_pretrained(name: str = "target", device: str | torch.device | None = No
                     precision: str = "fp32") -> GPT:
     """One of the models shipped with the package: ``"target"``, ``"draft"`` (the pair's draft: two layers, so
     it can copy from its context) or ``"draft1"`` (the pair's earlier one-layer draft, kept for comparison: it
-    cannot copy; ``checkpoints/card.json`` compares the two). ``precision``: "fp32" (as trained), or "bf16" / "int4" / "w8a8" weights on the batch-invariant path
-    (:func:`minigpt.precision.reduce_precision`, CPU only)."""
+    cannot copy; ``checkpoints/card.json`` compares the two). ``precision``: "fp32" (as trained), or "bf16" /
+    "int4" / "w8a8" weights on the batch-invariant path (:func:`minigpt.precision.reduce_precision`, CPU only)."""
     if name not in PRETRAINED:
         raise ValueError(f"unknown pretrained model {name!r}; choose one of {', '.join(PRETRAINED)}")
     model = load_model(PACKAGE_CHECKPOINTS / f"{name}.pt", device)

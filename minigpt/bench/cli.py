@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import PRETRAINED
 from ..decoding import Models
 from ..engines import require_llama_cpp
 from ..precision import PRECISIONS
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads for torch (default 1: the models are tiny, and on a busy machine more "
                          "threads were measured to slow decoding down many times over; 0 = torch's default)")
-    ap.add_argument("--draft", choices=["draft", "draft1"], default="draft",
+    ap.add_argument("--draft", choices=[n for n in PRETRAINED if n != "target"], default="draft",
                     help="course only: the draft model of the methods that use one (default the pair's two-layer "
                          "draft; draft1: the earlier one-layer draft, to race the two)")
     ap.add_argument("--precision", choices=PRECISIONS, default="fp32",
