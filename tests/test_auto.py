@@ -51,6 +51,22 @@ def _auto(draft, clock=None):
     return Auto({"lookup": Lookup(3, 16), "chain": Chain(draft, 4)}, **extra)
 
 
+def test_a_batch_table_extrapolates_with_b_times_the_solo_slope():
+    """A round of width w in a batch of B scores B * w tokens: before a batch's table has seen two widths, it
+    extrapolates with B times the one-sequence table's slope per token (its own prior slope without one)."""
+    m = Memory()
+    solo = m.round_times(1.0)
+    solo.add(1, 1.0)
+    batch = m.round_times(1.0, batch=4)
+    batch.add(1, 2.0)
+    assert batch(3) == pytest.approx(2.0 + 2 * 0.05 * 2.0)   # no solo slope yet: the prior one
+    solo.add(5, 3.0)                                          # 0.5 s per extra token for one sequence
+    batch._table = None
+    assert batch(3) == pytest.approx(2.0 + 2 * 4 * 0.5)
+    batch.add(2, 2.5)                                         # two widths of its own: its own slope
+    assert batch(4) == pytest.approx(3.5)
+
+
 def test_round_times_interpolate_and_extrapolate():
     rt = RoundTimes(smoothing=1.0)
     assert rt(3) is None
@@ -382,15 +398,18 @@ def test_a_shrinking_batch_keeps_its_choice_as_sequences_finish():
 
 def test_the_batch_choice_probes_the_losing_mode_less_and_less_often():
     """Both modes measured first; then the better one, with the other re-tried after 8, 16, 32, ... rounds while
-    it keeps losing; a probe that wins makes its mode the one taken."""
+    it keeps losing (only those re-tries are flagged ``probing``); a probe that wins makes its mode the one taken."""
     from minigpt.decoding.auto import BatchChoice
-    choice, taken = BatchChoice(), []
+    choice, taken, probing = BatchChoice(), [], []
     for _ in range(120):
         mode = choice.choose()
         taken.append(mode)
+        probing.append(choice.probing)
         choice.book(mode, 10.0 if mode == PLAIN else 6.0, smoothing=0.3)
+    assert [i for i, p in enumerate(probing) if p] == [9, 25, 57]
+    assert choice.taken == {PLAIN: 116, "speculate": 4}
     probes = [i for i, m in enumerate(taken) if m == "speculate"][1:]
-    assert taken[:2] == ["speculate", PLAIN] and probes == [8, 24, 56], probes   # waits of 8, 16, 32 rounds
+    assert taken[:2] == [PLAIN, "speculate"] and probes == [9, 25, 57], probes   # waits of 8, 16, 32 rounds
     for _ in range(3):                                   # speculation becomes the better mode
         mode = choice.choose()
         choice.book(mode, 20.0 if mode == "speculate" else 10.0, smoothing=1.0)
@@ -444,3 +463,87 @@ def test_suffix_trees_are_counted_every_round_as_deep_as_a_sent_round_accepts():
     assert sent and len(sent) < len(rounds)          # counted in the rounds it was sent and in the others
     assert all(depth == decided - 1 for _, depth, decided in sent)   # a sent tree: its walk is what was kept
     assert auto.options[0].calibration.expected[0] > 0
+
+
+def test_a_return_to_the_chain_pays_for_the_drafts_backlog_spread_over_the_rounds_left():
+    """After one round of another option the chain's catch-up is one draft pass; a long backlog (the prompt, at
+    the start) costs its measured time per token, spread over the chain rounds the generation has left, and in a
+    batch of B counted for every sequence (they all wait for it); none right after a chain round."""
+    target = random_model(0, block_size=256)
+    auto = Auto({"chain": Chain(copy.deepcopy(target), 4)})
+    o = auto.options[0]
+    o.seconds_per_token, o.catch_up_seconds = 0.5, 0.01
+    o.acceptance = DepthAcceptance()
+    E = o.acceptance.expected_tokens(auto.gamma_max)[-1]
+    session = type("S", (), {"seq": list(range(101)), "draft_cache": type("C", (), {"length": 0})()})()
+    auto.round, o.last_round = 10, 9
+    assert auto._catch_up_cost(o, session, 40) == 0.0
+    o.last_round = 5
+    assert auto._catch_up_cost(o, session, 40) == pytest.approx(0.5 + 0.01 * 100 / max(1.0, 40 / E))
+    assert auto._catch_up_cost(o, session, 1) == pytest.approx(0.5 + 0.01 * 100)      # the last round: all of it
+    auto._batch = 8
+    assert auto._catch_up_cost(o, session, 1) == pytest.approx(0.5 + 0.01 * 100 * 8)
+    session.draft_cache.length = 99                                                     # one token behind
+    assert auto._catch_up_cost(o, session, 1) == pytest.approx(0.5 + 0.01 * 8)
+
+
+def test_a_batchs_retry_of_speculation_offers_no_model_drafter():
+    """When the batch re-tries speculation after it lost, its sequences may send what a copying (or scored)
+    drafter proposes, but not start a draft chain (its catch-up would be paid for a single round)."""
+    target = random_model(0, block_size=256)
+    draft = copy.deepcopy(target)
+    clock = FakeClock()
+    auto = Auto({"lookup": Lookup(3, 16), "chain": Chain(draft, 4)}, clock=clock)
+    from minigpt.decoding.session import Session
+    session = Session(target, list(range(10, 30)) + [7] + list(range(10, 13)), 20, proposer=auto)
+    auto.start(session)
+    auto.times.add(1, 1.0)
+    auto.times.add(5, 1.0)                      # wide passes free: the chain (never timed) would be tried
+    assert auto._decide(session, 10) is None    # the chain chosen (drafted by _draft_chains)
+    auto._chosen = None
+    auto.probe_only = True
+    proposal = auto._decide(session, 10)
+    assert proposal is not None and auto._pending[0].name == "lookup"        # a 3-gram match copies 16 ahead
+    assert proposal.candidates == list(range(13, 23))      # as far as the room (10) allows
+
+
+def test_an_arms_round_is_timed_apart_for_each_batch_size():
+    """An arm's seconds per round are its whole round's: in a batch of B the batch's pass. They are kept apart for
+    each B, so a solo round's seconds never make the arm look B times cheaper than the batch's plain round."""
+    from minigpt.decoding.batch import decode_batch
+    from minigpt.decoding.tree import DraftTree
+    target = random_model(0, block_size=256)
+    clock = FakeClock()
+    clock.charge(target, lambda n: 1.0)
+    auto = Auto({"tree": DraftTree(copy.deepcopy(target), budget=4)}, clock=clock)
+    prompts = [[1, 2, 3], [4, 5, 6, 4]]
+    assert decode(target, prompts[0], 12, auto)[0] == generate(target, prompts[0], 12)
+    outs, _, _ = decode_batch(target, prompts, 12, auto)
+    assert outs == [generate(target, p, 12) for p in prompts]
+    assert {"tree", ("tree", 2)} <= set(auto.memory.arm_seconds), auto.memory.arm_seconds
+
+
+def test_a_batch_round_counts_its_slowest_sequence_unless_requests_wait():
+    """A fixed batch ends with its slowest sequence, so a round is worth the least any sequence made; while
+    requests wait, a sequence that finishes early hands its place on, so the mean counts (the batch engine says
+    how many wait: serve's queue)."""
+    from types import SimpleNamespace
+    from minigpt.decoding.auto import BatchChoice
+    from minigpt.decoding.batch import Request, serve
+    auto = Auto({"lookup": Lookup(3, 8)})
+    seqs = [SimpleNamespace(proposer=SimpleNamespace(_tokens=n)) for n in (4, 1, 1)]
+    for waiting, rate in ((0, 1.0), (2, 2.0)):
+        choice = BatchChoice()
+        auto.waiting, auto._batch_round = waiting, ("speculate", 0.0, seqs, choice)
+        auto._book_batch_round(1.0, seqs)
+        assert choice.rate == {"speculate": pytest.approx(rate)}
+    target = random_model(0, block_size=256)
+    told = []
+    class Told(Auto):
+        def propose_batch(self, seqs, rooms):
+            told.append(self.waiting)
+            return super().propose_batch(seqs, rooms)
+    requests = [Request([1, 2, 3, i], 6) for i in range(4)]
+    report = serve(target, requests, Told({"lookup": Lookup(3, 8)}), max_batch=2)
+    assert report.outputs == [generate(target, r.prompt, 6) for r in requests]
+    assert told[0] == 2 and told[-1] == 0

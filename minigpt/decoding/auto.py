@@ -9,7 +9,9 @@ highest expected **tokens per second**, from what it has measured in this genera
   one round to the start of the next, so the verification pass, the acceptance rule and the bookkeeping are all
   in it; widths not seen yet are interpolated (or extrapolated with the slope fitted so far);
 * each drafter's time per drafted token (a draft model's passes), measured while it drafts (the pass in which the
-  draft first catches up with the tokens it has not seen, once per return to the chain, is left out of it);
+  draft first catches up with the tokens it has not seen, once per return to the chain, is left out of it; that
+  catch-up is timed on its own, per token read, and a return to the chain is charged for its backlog, spread
+  over the rounds the generation has left: :meth:`Auto._catch_up_cost`);
 * each drafter's acceptance at each depth d, p_d = P(token d accepted | tokens 1..d-1 accepted), counted with
   exponential forgetting, so that a copy-heavy stretch of text is noticed and so is its end; for a copying
   drafter that says how long its match was (prompt lookup's ``last_match``, the n of the n-gram), counted apart
@@ -65,12 +67,15 @@ from .verify import Verified
 PLAIN = "plain"
 MATCH_CAP = 8  # match lengths from here on share one count (suffix decoding's matches reach 20 tokens and more)
 CARRIED_BACKOFF = 32  # a new generation re-tries an option that lost the last one after at most this many rounds
+CATCH_UP_MEASURED = 16  # a draft's catch-up over at least this many tokens is timed as its cost per token
 
 
 class RoundTimes:
     """Seconds per round (drafting excluded) by pass width, as exponential moving averages; an unseen width is
     interpolated between the nearest seen ones, or extrapolated with the least-squares slope of those seen
-    (before two widths are seen, ``prior_slope`` times the one-token round per extra token). A pass over more
+    (before two widths are seen: for a batch of B sequences, whose round of width w scores B * w tokens, B times
+    the slope per token of the one-sequence table ``base``, when that has one; else ``prior_slope`` times the
+    one-token round per extra token). A pass over more
     tokens never costs less than one over fewer, so every estimate is capped by each wider width's: a width
     timed once, in a slow moment (the process's first passes, a disturbed machine), is not believed over wider
     rounds that were faster.
@@ -79,8 +84,9 @@ class RoundTimes:
     all the estimates at once in one pass over the widths (the cap is a running minimum from the widest width
     down), rather than each width's from scratch."""
 
-    def __init__(self, smoothing: float = 0.3, prior_slope: float = 0.05):
-        self.smoothing, self.prior_slope = smoothing, prior_slope
+    def __init__(self, smoothing: float = 0.3, prior_slope: float = 0.05, base: "RoundTimes | None" = None,
+                 batch: int = 1):
+        self.smoothing, self.prior_slope, self.base, self.batch = smoothing, prior_slope, base, batch
         self.by_width: dict[int, float] = {}
         self._table: list[float] | None = None
 
@@ -104,18 +110,25 @@ class RoundTimes:
         table = self.table(max(1, width))
         return None if table is None else table[max(1, width)]
 
+    def fitted_slope(self) -> float | None:
+        """Seconds per extra token of width: the least-squares slope over the widths seen (None before two are)."""
+        ws, t = sorted(self.by_width), self.by_width
+        if len(ws) < 2:
+            return None
+        mean_w = sum(ws) / len(ws)
+        mean_t = sum(t[w] for w in ws) / len(ws)
+        var = sum((w - mean_w) ** 2 for w in ws)
+        return max(0.0, sum((w - mean_w) * (t[w] - mean_t) for w in ws) / var)
+
     def _build(self, top: int) -> list[float]:
         """Every width's estimate up to ``top`` (at least the widest seen): its own (measured, interpolated
         between the seen widths around it, or extrapolated beyond them), then capped by the seen wider ones."""
         ws = sorted(self.by_width)
         t = self.by_width
-        if len(ws) >= 2:
-            mean_w = sum(ws) / len(ws)
-            mean_t = sum(t[w] for w in ws) / len(ws)
-            var = sum((w - mean_w) ** 2 for w in ws)
-            slope = max(0.0, sum((w - mean_w) * (t[w] - mean_t) for w in ws) / var)
-        else:
-            slope = self.prior_slope * t[ws[0]]
+        slope = self.fitted_slope()
+        if slope is None:
+            per_token = None if self.base is None else self.base.fitted_slope()
+            slope = self.prior_slope * t[ws[0]] if per_token is None else self.batch * per_token
         own = [0.0] * (top + 1)
         i = 0  # ws[i] is the narrowest seen width >= w
         for w in range(1, top + 1):
@@ -283,6 +296,7 @@ class Option:
     acceptance: DepthAcceptance = field(default_factory=DepthAcceptance)
     by_match: dict = field(default_factory=dict)  # cheap: match length -> its own DepthAcceptance
     seconds_per_token: float | None = None   # chain: drafting time per drafted token
+    catch_up_seconds: float | None = None    # chain: the draft's catch-up time per token read (a long backlog)
     arm_tokens: float | None = None          # arm: tokens per round (moving average)
     arm_seconds: float | None = None         # arm: seconds per round (moving average)
     calibration: TreeCalibration = field(default_factory=TreeCalibration)  # scored: its estimates' reliability
@@ -304,13 +318,18 @@ class BatchChoice:
     """For a batch of one size (two sequences or more): whether its sequences speculate this round or all step
     plainly, chosen as an arm by the whole batch's measured tokens per second per sequence (moving averages). In a
     batch one sequence's wide proposal makes every sequence's pass wider, a cost that sequence's own controller
-    does not see; the batch's rate does. The mode that loses is re-tried after 8 rounds, then 16, 32, ...
-    while it keeps losing. A size not seen yet starts from the nearest size's choice (:meth:`Auto._batch_choice`).
+    does not see; the batch's rate does (the mean over its sequences while requests wait for a place, else its
+    slowest sequence's: :meth:`Auto.propose_batch`). Plain is measured first, then speculation; the mode that loses is
+    re-tried after 8 rounds, then 16, 32, ... while it keeps losing (``probing`` says a round is such a re-try:
+    a re-tried speculation offers only the options whose proposals cost nothing, :meth:`Auto.propose_batch`). A
+    size not seen yet starts from the nearest size's choice (:meth:`Auto._batch_choice`).
     A batch of one has none: its sequence's controller already weighs the whole cost."""
     rate: dict = field(default_factory=dict)        # "plain" / "speculate" -> tokens per second per sequence
     last: dict = field(default_factory=dict)        # mode -> the round it was last taken in
     backoff: int = 8
     round: int = 0
+    probing: bool = False   # whether the mode just chosen is a re-try of the mode that lost
+    taken: dict = field(default_factory=dict)       # mode -> rounds it was taken in
 
     def book(self, mode: str, rate: float, smoothing: float) -> None:
         """The batch's tokens per second per sequence in a round taken in ``mode``; a re-tried mode that lost backs
@@ -326,17 +345,20 @@ class BatchChoice:
 
     def choose(self) -> str:
         self.round += 1
-        for mode in ("speculate", PLAIN):
+        self.probing = False
+        for mode in (PLAIN, "speculate"):
             if mode not in self.rate:          # each mode is measured once before either is trusted
                 return self._take(mode)
         best, other = self.best(), _other(self.best())
         if self.round - self.last.get(other, 0) >= self.backoff:
             self.backoff = min(2 * self.backoff, 256)
+            self.probing = True
             return self._take(other)           # a probe; it resets the back-off only by winning
         return self._take(best)
 
     def _take(self, mode: str) -> str:
         self.last[mode] = self.round
+        self.taken[mode] = self.taken.get(mode, 0) + 1
         return mode
 
 
@@ -347,14 +369,16 @@ def _other(mode: str) -> str:
 @dataclass
 class Memory:
     """What the controller keeps across generations on one machine: the round times by pass width (one table per
-    torch thread count and batch size, since both change them), each chain's drafting seconds per token and each
-    arm's seconds per round, by option name; and, as priors for the next generation, the last generation's
+    torch thread count and batch size, since both change them; a batch's table starts from the one-sequence
+    table's slope, :class:`RoundTimes`), each chain's drafting and catch-up seconds per token and each arm's
+    seconds per round, by option name and batch size (:func:`_drafting_key`); and, as priors for the next generation, the last generation's
     acceptance (by option and match length), each arm's tokens per round, each option's back-off and each scored
     option's :class:`TreeCalibration`; and for each batch size, whether its sequences speculate
     (:class:`BatchChoice`). Share one between controllers of the same models (the registry keeps one per
     :class:`~.registry.Models`); :meth:`clear` forgets it all."""
     times: dict = field(default_factory=dict)
     seconds_per_token: dict = field(default_factory=dict)
+    catch_up_seconds: dict = field(default_factory=dict)
     arm_seconds: dict = field(default_factory=dict)
     arm_tokens: dict = field(default_factory=dict)
     acceptance: dict = field(default_factory=dict)   # (option, match length or None) -> DepthAcceptance
@@ -364,17 +388,23 @@ class Memory:
 
     def round_times(self, smoothing: float, batch: int = 1) -> RoundTimes:
         """The table of round times for this thread count and ``batch`` sequences decoded together."""
-        return self.times.setdefault((torch.get_num_threads(), batch), RoundTimes(smoothing))
+        key = (torch.get_num_threads(), batch)
+        if key not in self.times:
+            base = None if batch == 1 else self.round_times(smoothing)
+            self.times[key] = RoundTimes(smoothing, base=base, batch=batch)
+        return self.times[key]
 
     def clear(self) -> None:
-        for d in (self.times, self.seconds_per_token, self.arm_seconds, self.arm_tokens, self.acceptance, self.backoff,
+        for d in (self.times, self.seconds_per_token, self.catch_up_seconds, self.arm_seconds, self.arm_tokens, self.acceptance, self.backoff,
                   self.calibration, self.batch):
             d.clear()
 
 
 def _drafting_key(name: str, batch: int):
-    """Where :class:`Memory` keeps a chain's drafting time per position: under its name for one sequence, under
-    (name, B) for a batch of B (one draft pass then serves B sequences)."""
+    """Where :class:`Memory` keeps a chain's drafting time per position and an arm's seconds per round: under the
+    option's name for one sequence, under (name, B) for a batch of B (one draft pass then serves B sequences, and
+    an arm's round is the whole batch's pass, padded to the widest proposal: a solo round's seconds would make an
+    arm look B times cheaper than the batch's plain round it is compared with)."""
     return name if batch == 1 else (name, batch)
 
 
@@ -403,6 +433,7 @@ class Auto(Proposer):
     the machine's measurements in across generations (default: this controller's own). Choices follow measured
     time, so a seeded sampled run is distributed as the target's but not reproducible from its seed alone."""
     batched = True   # in a batch, the sequences that chose the draft chain draft together (_draft_chains)
+    waiting = 0      # requests waiting for a place in the batch (set by the batch engine before each round)
     lazy_draft = True  # the draft catches up when the chain is first chosen (Chain.feed_batch), if it ever is
 
     def __init__(self, options: dict[str, Proposer], gamma_max: int = 8, max_send: int = 32, smoothing: float = 0.3,
@@ -438,14 +469,17 @@ class Auto(Proposer):
         self._copies = {}     # this round's copying proposals: name -> (proposal, match length)
         self._tokens = 1
         self.plain_only = False  # set by the batch's choice (propose_batch): every sequence steps plainly
+        self.probe_only = False  # set by the batch's choice: a re-try of speculation, with no model drafter
         self._chosen = None      # (chain option, round start) while its drafting is pending
         self._batch_round = None  # the batch round in flight: (mode, start, sequences, BatchChoice or None)
+        self._batch = 1           # how many sequences this one's rounds are decoded with (set by propose_batch)
         for o in self.options:
             m = self.memory
             o.acceptance = m.acceptance[o.name, None].carried() if (o.name, None) in m.acceptance else DepthAcceptance()
             o.by_match = {match: a.carried(parent=o.acceptance) for (name, match), a in m.acceptance.items()
                           if name == o.name and match is not None}
             o.seconds_per_token = m.seconds_per_token.get(o.name)
+            o.catch_up_seconds = m.catch_up_seconds.get(o.name)
             o.arm_seconds = m.arm_seconds.get(o.name)
             o.arm_tokens = m.arm_tokens.get(o.name)
             o.last_round, o.backoff = -1, min(m.backoff.get(o.name, 8), CARRIED_BACKOFF)
@@ -484,27 +518,33 @@ class Auto(Proposer):
         the batch's pass is padded to it, so the table holds what a batch round that wide costs, whichever
         sequence made it wide."""
         now, B = self.clock(), len(seqs)
-        if self._batch_round is not None:   # the last batch round, if nothing but its own work came since
-            mode, start, last, choice = self._batch_round
-            ids = {id(s) for s in last}
-            if choice is not None and all(id(s) in ids for s in seqs):   # no sequence admitted (a prefill) since
-                # tokens per sequence (those that finished in it included) per second: within one batch size the
-                # batch's own rate over B; a size copied from its neighbour starts near its own
-                tokens = sum(s.proposer._tokens for s in last) / len(last)
-                choice.book(mode, tokens / max(now - start, 1e-9), self.smoothing)
+        self._book_batch_round(now, seqs)
         if B == 1:   # no other sequence pays for its proposal: its own controller weighs the whole cost
-            mode, choice = "speculate", None
+            mode, choice, probe_only = "speculate", None, False
         else:
             choice = self._batch_choice(B)
             mode = choice.choose()
+            # a re-try of speculation after it lost offers only the options whose proposals cost no model pass:
+            # the copying and scored drafters (prompt lookup, suffix decoding). A model drafter that sat out the last
+            # rounds must first catch up on every token since (for every sequence: at B = 8 several plain rounds'
+            # time), which pays only if the batch goes on speculating; it is offered again once speculation is the
+            # batch's choice
+            probe_only = choice.probing and mode != PLAIN
         self._batch_round = (mode, now, list(seqs), choice)
         times = self.memory.round_times(self.smoothing, batch=B)   # a batch of B sequences has its own table
         for s in seqs:
             s.proposer.times = times
             s.proposer.plain_only = mode == PLAIN
+            s.proposer.probe_only = probe_only
             for o in s.proposer.options:   # drafting for B sequences at once costs its own time per position
-                if o.kind == "chain":
-                    o.seconds_per_token = self.memory.seconds_per_token.get(_drafting_key(o.name, B))
+                if o.kind == "chain":   # until timed at this size, one sequence's times are the prior
+                    o.seconds_per_token = self.memory.seconds_per_token.get(
+                        _drafting_key(o.name, B), self.memory.seconds_per_token.get(o.name))
+                    o.catch_up_seconds = self.memory.catch_up_seconds.get(
+                        _drafting_key(o.name, B), self.memory.catch_up_seconds.get(o.name))
+                elif o.kind == "arm":
+                    o.arm_seconds = self.memory.arm_seconds.get(_drafting_key(o.name, B))
+            s.proposer._batch = B
         decided = [s.proposer._decide(s, r) for s, r in zip(seqs, rooms)]
         drafting = [i for i, d in enumerate(decided) if d is None]   # those that chose the chain
         if drafting:
@@ -519,6 +559,22 @@ class Auto(Proposer):
             if pending is not None:
                 s.proposer._pending = (pending[0], widest, *pending[2:])
         return proposals
+
+    def _book_batch_round(self, now: float, seqs) -> None:
+        """Book the last batch round into the choice that made it, if nothing but its own work came since (no
+        sequence admitted, whose prefill would be in the time): its tokens per sequence (those that finished in it
+        included) per second. With requests waiting, a sequence that finishes early gives its place to the next
+        one, so the batch's throughput counts: the mean over its sequences. With none waiting (a fixed batch, or
+        a queue run dry) the batch ends with its slowest sequence, and one that gets ahead frees nothing: the
+        least any of its sequences made."""
+        if self._batch_round is None:
+            return
+        mode, start, last, choice = self._batch_round
+        ids = {id(s) for s in last}
+        if choice is not None and all(id(s) in ids for s in seqs):
+            made = [s.proposer._tokens for s in last]
+            tokens = sum(made) / len(made) if self.waiting else min(made)
+            choice.book(mode, tokens / max(now - start, 1e-9), self.smoothing)
 
     def _batch_choice(self, B: int) -> "BatchChoice":
         """The choice for batches of B sequences; a size not seen yet starts as a copy of the nearest size seen (a
@@ -552,6 +608,27 @@ class Auto(Proposer):
                 best = max(best, (e / (times[k + 1] + draft_cost * k + fixed_cost), k))
         return best
 
+    def _catch_up_cost(self, o: Option, session, room: int) -> float:
+        """What a return to the chain adds to its round: first the draft reads every token it has not seen
+        (:meth:`~.chain.Chain.feed_batch`). After one round of another option that is one more draft pass, charged
+        to this round. After a long absence, or at the start of a generation (the draft is fed lazily), it is the
+        whole backlog -- at first the prompt -- a cost paid once and recovered only over the chain rounds that
+        follow: that part is spread over the rounds left in this generation if the chain made them all (``room`` ÷
+        the chain's expected tokens per round, at least one round). At the start of a long generation of one
+        sequence it adds little; in a batch, whose every sequence waits for all the backlogs, or near the end of a
+        generation, it can outweigh what the chain would save."""
+        if o.last_round == self.round - 1:
+            return 0.0                      # the draft saw every token but the newest: nothing to catch up
+        cost = o.seconds_per_token
+        cache = getattr(session, "draft_cache", None)
+        if o.catch_up_seconds is not None and cache is not None:
+            behind = max(0, len(session.seq) - 1 - cache.length)
+            rounds_left = max(1.0, room / o.acceptance.expected_tokens(self.gamma_max)[-1])
+            # in a batch every sequence waits for the catch-up pass, which reads the backlogs of all the sequences
+            # that return to the chain: counted as if all B did (the round times are the batch's too)
+            cost += o.catch_up_seconds * behind * self._batch / rounds_left
+        return cost
+
     def propose(self, session: Session, room: int) -> Proposal:
         proposal = self._decide(session, room)
         return self._draft_chains([self], [session], [room], 1)[0] if proposal is None else proposal
@@ -575,6 +652,8 @@ class Auto(Proposer):
         best_rate, best = 1.0 / t_plain, None
         cheap_proposals = self._copies
         for o in self.options:
+            if self.probe_only and o.kind not in ("cheap", "scored"):
+                continue
             if o.kind == "cheap":
                 prop = o.proposer.propose(session, min(room, self.max_send))
                 if len(prop.candidates) == 0:
@@ -600,16 +679,15 @@ class Auto(Proposer):
                 if o.seconds_per_token is None:   # never drafted yet: try a short chain to measure it
                     rate, k = float("inf"), min(2, most)
                 else:
-                    # a return to the chain after another option's round costs one more draft pass: the
-                    # catch-up over the tokens the draft has not seen (Chain.feed_batch)
-                    back = 0.0 if o.last_round == self.round - 1 else o.seconds_per_token
-                    rate, k = self._best_length(o.acceptance, most, o.seconds_per_token, back)
+                    rate, k = self._best_length(o.acceptance, most, o.seconds_per_token,
+                                                self._catch_up_cost(o, session, room))
                     if self._due(o) and rate <= best_rate:
                         rate, k = best_rate * (1 + 1e-9), min(2, most)
                 if rate > best_rate:
                     best_rate, best = rate, (o, k)
             else:
-                rate = float("inf") if o.arm_tokens is None else o.arm_tokens / o.arm_seconds
+                # never measured at this batch size: tried once to measure it
+                rate = float("inf") if o.arm_tokens is None or o.arm_seconds is None else o.arm_tokens / o.arm_seconds
                 if self._due(o) and rate <= best_rate:
                     rate = best_rate * (1 + 1e-9)
                 if rate > best_rate:
@@ -634,12 +712,21 @@ class Auto(Proposer):
         position serves all of them (:meth:`~.chain.Chain.propose_batch`). The drafting time per position is
         booked for batches of this size (``batch``; solo under the option's name) and every round starts."""
         chains = [c._chosen[0].proposer for c in controllers]
+        behind = sum(max(0, len(s.seq) - 1 - s.draft_cache.length) for s in seqs)
+        t_feed = self.clock()
         chains[0].feed_batch(seqs)
         t0 = self.clock()
+        first = controllers[0]._chosen[0]
+        if behind >= CATCH_UP_MEASURED:   # a long backlog's time per token (a short one is one draft pass)
+            spt = (t0 - t_feed) / behind
+            old = first.catch_up_seconds
+            new = spt if old is None else old + self.smoothing * (spt - old)
+            self.memory.catch_up_seconds[_drafting_key(first.name, batch)] = new
+            for c in controllers:
+                c._chosen[0].catch_up_seconds = new
         proposals = chains[0].propose_batch_for(chains, seqs, rooms)
         drafted_at = self.clock()
         most = max(len(p.candidates) for p in proposals)
-        first = controllers[0]._chosen[0]
         if most:
             spt = (drafted_at - t0) / most
             old = first.seconds_per_token
@@ -713,7 +800,7 @@ class Auto(Proposer):
             secs, toks = max(now - t_start, 1e-9), self._tokens
             o.arm_seconds = secs if o.arm_seconds is None else o.arm_seconds + self.smoothing * (secs - o.arm_seconds)
             o.arm_tokens = toks if o.arm_tokens is None else o.arm_tokens + self.smoothing * (toks - o.arm_tokens)
-            self.memory.arm_seconds[o.name] = o.arm_seconds
+            self.memory.arm_seconds[_drafting_key(o.name, self._batch)] = o.arm_seconds
             self._update_backoff(o, toks / secs)
             return
         times.add(width, now - (drafted_at if drafted_at is not None else t_start))

@@ -132,7 +132,9 @@ class BatchEngine:
     a draft model). A request is admitted only when the blocks it could need at worst (prompt + new tokens +
     one proposal's width) are not promised to others, so a running sequence never runs out of blocks.
     :meth:`add_prefix` prefills a prompt prefix once (a system prompt); requests that start with it fork its
-    table instead of storing it again."""
+    table instead of storing it again. ``waiting``: how many requests wait for a place (:func:`serve` sets it
+    each round; a proposer with a ``waiting`` attribute, the speculation controller, is told it before each
+    round)."""
 
     def __init__(self, target: GPT, proposer: Proposer, sampling: SamplingConfig | None = None,
                  n_blocks: int | None = None, block_size: int = 16, max_batch: int = 8, rule=None):
@@ -152,6 +154,7 @@ class BatchEngine:
         # registered prefixes: (ids, target table, draft table, the target's hidden states there if needed)
         self.prefixes: list[tuple[list[int], PagedSequence, PagedSequence | None, torch.Tensor | None]] = []
         self.stats = BatchStats()
+        self.waiting = 0
         self.t0 = time.perf_counter()
 
     def clock(self) -> float:
@@ -240,6 +243,8 @@ class BatchEngine:
         seqs = self.active
         if not seqs:
             return []
+        if hasattr(self.proposer, "waiting"):   # a proposer that weighs a batch's rounds by what is queued (auto)
+            self.proposer.waiting = self.waiting
         proposals = self.proposer.propose_batch(seqs, [s.max_new_tokens - s.n_new - 1 for s in seqs])
         verified = verify_batch(self.target, [s.table for s in seqs], proposals, [s.rule for s in seqs],
                                 return_hidden=self.needs_hidden)
@@ -372,6 +377,7 @@ def serve(target: GPT, requests: list[Request], proposer: Proposer | None = None
         if not engine.active:  # idle until the next arrival
             time.sleep(max(0.0, requests[queue[0]].arrival - engine.clock()))
             continue
+        engine.waiting = len(queue)
         engine.step()
         peak = max(peak, engine.pool.blocks_in_use)
     wall = engine.clock()
