@@ -319,10 +319,11 @@ class BatchChoice:
     plainly, chosen as an arm by the whole batch's measured tokens per second per sequence (moving averages). In a
     batch one sequence's wide proposal makes every sequence's pass wider, a cost that sequence's own controller
     does not see; the batch's rate does (the mean over its sequences while requests wait for a place, else its
-    slowest sequence's: :meth:`Auto.propose_batch`). Plain is measured first, then speculation; the mode that loses is
-    re-tried after 8 rounds, then 16, 32, ... while it keeps losing (``probing`` says a round is such a re-try:
-    a re-tried speculation offers only the options whose proposals cost nothing, :meth:`Auto.propose_batch`). A
-    size not seen yet starts from the nearest size's choice (:meth:`Auto._batch_choice`).
+    slowest sequence's: :meth:`Auto._book_batch_round`). Plain is measured first, then speculation; the mode that
+    loses is re-tried after 8 rounds, then 16, 32, ... while it keeps losing (``probing`` says a round is such a
+    re-try: a re-tried speculation offers only the options whose proposals cost no model pass,
+    :meth:`Auto.propose_batch`). A size not seen yet starts from the nearest size's choice
+    (:meth:`Auto._batch_choice`).
     A batch of one has none: its sequence's controller already weighs the whole cost."""
     rate: dict = field(default_factory=dict)        # "plain" / "speculate" -> tokens per second per sequence
     last: dict = field(default_factory=dict)        # mode -> the round it was last taken in
@@ -371,11 +372,11 @@ class Memory:
     """What the controller keeps across generations on one machine: the round times by pass width (one table per
     torch thread count and batch size, since both change them; a batch's table starts from the one-sequence
     table's slope, :class:`RoundTimes`), each chain's drafting and catch-up seconds per token and each arm's
-    seconds per round, by option name and batch size (:func:`_drafting_key`); and, as priors for the next generation, the last generation's
-    acceptance (by option and match length), each arm's tokens per round, each option's back-off and each scored
-    option's :class:`TreeCalibration`; and for each batch size, whether its sequences speculate
-    (:class:`BatchChoice`). Share one between controllers of the same models (the registry keeps one per
-    :class:`~.registry.Models`); :meth:`clear` forgets it all."""
+    seconds per round, by option name and batch size (:func:`_drafting_key`); and, as priors for the next
+    generation, the last generation's acceptance (by option and match length), each arm's tokens per round, each
+    option's back-off and each scored option's :class:`TreeCalibration`; and for each batch size, whether its
+    sequences speculate (:class:`BatchChoice`). Share one between controllers of the same models (the registry
+    keeps one per :class:`~.registry.Models`); :meth:`clear` forgets it all."""
     times: dict = field(default_factory=dict)
     seconds_per_token: dict = field(default_factory=dict)
     catch_up_seconds: dict = field(default_factory=dict)
@@ -395,8 +396,8 @@ class Memory:
         return self.times[key]
 
     def clear(self) -> None:
-        for d in (self.times, self.seconds_per_token, self.catch_up_seconds, self.arm_seconds, self.arm_tokens, self.acceptance, self.backoff,
-                  self.calibration, self.batch):
+        for d in (self.times, self.seconds_per_token, self.catch_up_seconds, self.arm_seconds, self.arm_tokens,
+                  self.acceptance, self.backoff, self.calibration, self.batch):
             d.clear()
 
 
@@ -716,25 +717,24 @@ class Auto(Proposer):
         t_feed = self.clock()
         chains[0].feed_batch(seqs)
         t0 = self.clock()
-        first = controllers[0]._chosen[0]
         if behind >= CATCH_UP_MEASURED:   # a long backlog's time per token (a short one is one draft pass)
-            spt = (t0 - t_feed) / behind
-            old = first.catch_up_seconds
-            new = spt if old is None else old + self.smoothing * (spt - old)
-            self.memory.catch_up_seconds[_drafting_key(first.name, batch)] = new
-            for c in controllers:
-                c._chosen[0].catch_up_seconds = new
+            self._book_drafting(controllers, "catch_up_seconds", (t0 - t_feed) / behind, batch)
         proposals = chains[0].propose_batch_for(chains, seqs, rooms)
         drafted_at = self.clock()
         most = max(len(p.candidates) for p in proposals)
         if most:
-            spt = (drafted_at - t0) / most
-            old = first.seconds_per_token
-            new = spt if old is None else old + self.smoothing * (spt - old)
-            self.memory.seconds_per_token[_drafting_key(first.name, batch)] = new
-            for c in controllers:
-                c._chosen[0].seconds_per_token = new
+            self._book_drafting(controllers, "seconds_per_token", (drafted_at - t0) / most, batch)
         return [c._start(c._chosen[0], p, c._chosen[1], drafted_at=drafted_at) for c, p in zip(controllers, proposals)]
+
+    def _book_drafting(self, controllers: list["Auto"], what: str, seconds: float, batch: int) -> None:
+        """Fold one measurement of the chain's ``what`` (``"seconds_per_token"`` or ``"catch_up_seconds"``) into its
+        moving average, kept in :attr:`memory` for batches of this size and on every controller that drafted."""
+        first = controllers[0]._chosen[0]
+        old = getattr(first, what)
+        new = seconds if old is None else old + self.smoothing * (seconds - old)
+        getattr(self.memory, what)[_drafting_key(first.name, batch)] = new
+        for c in controllers:
+            setattr(c._chosen[0], what, new)
 
     def _start(self, o: Option | None, proposal: Proposal, t_start: float, drafted_at: float | None = None) -> Proposal:
         width = len(proposal.tokens) + len(proposal.extra_tokens)
