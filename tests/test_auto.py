@@ -475,7 +475,8 @@ def test_a_return_to_the_chain_pays_for_the_drafts_backlog_spread_over_the_round
     o.seconds_per_token, o.catch_up_seconds = 0.5, 0.01
     o.acceptance = DepthAcceptance()
     E = o.acceptance.expected_tokens(auto.gamma_max)[-1]
-    session = type("S", (), {"seq": list(range(101)), "draft_cache": type("C", (), {"length": 0})()})()
+    from minigpt.decoding.session import Progress
+    session = type("S", (Progress,), {"seq": list(range(101)), "draft_cache": type("C", (), {"length": 0})()})()
     auto.round, o.last_round = 10, 9
     assert auto._catch_up_cost(o, session, 40) == 0.0
     o.last_round = 5

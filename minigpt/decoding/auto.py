@@ -434,7 +434,6 @@ class Auto(Proposer):
     the machine's measurements in across generations (default: this controller's own). Choices follow measured
     time, so a seeded sampled run is distributed as the target's but not reproducible from its seed alone."""
     batched = True   # in a batch, the sequences that chose the draft chain draft together (_draft_chains)
-    waiting = 0      # requests waiting for a place in the batch (set by the batch engine before each round)
     lazy_draft = True  # the draft catches up when the chain is first chosen (Chain.feed_batch), if it ever is
 
     def __init__(self, options: dict[str, Proposer], gamma_max: int = 8, max_send: int = 32, smoothing: float = 0.3,
@@ -621,9 +620,8 @@ class Auto(Proposer):
         if o.last_round == self.round - 1:
             return 0.0                      # the draft saw every token but the newest: nothing to catch up
         cost = o.seconds_per_token
-        cache = getattr(session, "draft_cache", None)
-        if o.catch_up_seconds is not None and cache is not None:
-            behind = max(0, len(session.seq) - 1 - cache.length)
+        if o.catch_up_seconds is not None:
+            behind = len(session.draft_backlog)
             rounds_left = max(1.0, room / o.acceptance.expected_tokens(self.gamma_max)[-1])
             # in a batch every sequence waits for the catch-up pass, which reads the backlogs of all the sequences
             # that return to the chain: counted as if all B did (the round times are the batch's too)
@@ -713,7 +711,7 @@ class Auto(Proposer):
         position serves all of them (:meth:`~.chain.Chain.propose_batch`). The drafting time per position is
         booked for batches of this size (``batch``; solo under the option's name) and every round starts."""
         chains = [c._chosen[0].proposer for c in controllers]
-        behind = sum(max(0, len(s.seq) - 1 - s.draft_cache.length) for s in seqs)
+        behind = sum(len(s.draft_backlog) for s in seqs)
         t_feed = self.clock()
         chains[0].feed_batch(seqs)
         t0 = self.clock()

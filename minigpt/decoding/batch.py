@@ -133,8 +133,7 @@ class BatchEngine:
     one proposal's width) are not promised to others, so a running sequence never runs out of blocks.
     :meth:`add_prefix` prefills a prompt prefix once (a system prompt); requests that start with it fork its
     table instead of storing it again. ``waiting``: how many requests wait for a place (:func:`serve` sets it
-    each round; a proposer with a ``waiting`` attribute, the speculation controller, is told it before each
-    round)."""
+    each round; the proposer is told it before each round, :attr:`~.session.Proposer.waiting`)."""
 
     def __init__(self, target: GPT, proposer: Proposer, sampling: SamplingConfig | None = None,
                  n_blocks: int | None = None, block_size: int = 16, max_batch: int = 8, rule=None):
@@ -243,8 +242,7 @@ class BatchEngine:
         seqs = self.active
         if not seqs:
             return []
-        if hasattr(self.proposer, "waiting"):   # a proposer that weighs a batch's rounds by what is queued (auto)
-            self.proposer.waiting = self.waiting
+        self.proposer.waiting = self.waiting
         proposals = self.proposer.propose_batch(seqs, [s.max_new_tokens - s.n_new - 1 for s in seqs])
         verified = verify_batch(self.target, [s.table for s in seqs], proposals, [s.rule for s in seqs],
                                 return_hidden=self.needs_hidden)

@@ -109,7 +109,7 @@ class Chain(Proposer):
         next proposal's first pass reads one token. A proposal makes this catch-up itself; the speculation
         controller makes it first, so that the drafting it times is the drafting alone (after rounds without the
         chain, the catch-up reads every token since, at first the whole prompt)."""
-        behind = [(s.draft_cache, s.seq[s.draft_cache.length:-1]) for s in seqs]
+        behind = [(s.draft_cache, s.draft_backlog) for s in seqs]
         behind = [(cache, tokens) for cache, tokens in behind if tokens]
         if behind:
             score_ragged(self.draft, [cache for cache, _ in behind], [tokens for _, tokens in behind])

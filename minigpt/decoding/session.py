@@ -202,7 +202,10 @@ class Proposer:
                      :func:`~.verify.rule_for`; Medusa's typical acceptance is another);
     ``batched``      True when :meth:`propose_batch` runs the drafting model once for all sequences of a batch
                      (a draft chain, a draft tree); False: each sequence drafts on its own (nothing to batch, or a
-                     drafter that works per sequence), and only the target's pass is shared."""
+                     drafter that works per sequence), and only the target's pass is shared.
+
+    Set by the batch engine before each round: ``waiting``, how many requests wait for a place in the batch (the
+    speculation controller scores a batch's rounds by it)."""
     draft: GPT | None = None
     lazy_draft: bool = False
     needs_hidden: bool | tuple[int, ...] = False
@@ -210,6 +213,7 @@ class Proposer:
     max_width: int = 64
     rule: Callable[[SamplingConfig, torch.Generator | None], Rule] | None = None
     batched: bool = False
+    waiting: int = 0
 
     def start(self, session: "Progress") -> None:
         """A generation begins (a :class:`Session`, or a sequence joining a batch): forget what the previous one
@@ -265,6 +269,13 @@ class Progress:
             draft_cache.crop(min(draft_cache.length, len(self.seq) - 1))
         self.stream.emit(verified.tokens, len(verified.path))
         self.ended = self.eos_id is not None and self.eos_id in verified.tokens
+
+    @property
+    def draft_backlog(self) -> list[int]:
+        """The tokens the draft's cache has not read, all but the newest (the next draft pass reads that one
+        itself): what a catch-up pass feeds it. Empty without a draft."""
+        cache = getattr(self, "draft_cache", None)
+        return [] if cache is None else self.seq[cache.length:-1]
 
     @property
     def hidden(self) -> torch.Tensor | None:

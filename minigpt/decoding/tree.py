@@ -124,10 +124,9 @@ class DraftTree(Proposer):
 
     def propose_batch(self, seqs: list[Progress], rooms: list[int]) -> list[Proposal]:
         # first the accepted tokens each draft has not seen (not the root): one ragged pass
-        behind = [b for b, s in enumerate(seqs) if s.seq[s.draft_cache.length:-1]]
+        behind = [s for s in seqs if s.draft_backlog]
         if behind:
-            score_ragged(self.draft, [seqs[b].draft_cache for b in behind],
-                         [seqs[b].seq[seqs[b].draft_cache.length:-1] for b in behind])
+            score_ragged(self.draft, [s.draft_cache for s in behind], [s.draft_backlog for s in behind])
         trees = draft_trees(self.draft, [s.draft_cache for s in seqs], [s.seq[-1] for s in seqs],
                             [s.sampling for s in seqs], self.budget, [min(self.max_depth, r) for r in rooms],
                             self.branch, self.threshold, self.paths)
