@@ -11,8 +11,9 @@ bitwise equal for every k. Each part that reduces is made shape-independent:
 
 * **linear layers** run through kernels whose per-row reduction order does not depend on the number of rows,
   checked on the running build by :func:`invariant_piece`: PyTorch's weight-only int4 and int8 CPU kernels, and
-  its bf16 matmul with every call padded to ``PAD_ROWS`` rows (one shape, so one kernel) and, where the check
-  needs it, taken over slices of the input dimension summed in fp32 in a fixed order. An fp32 matmul
+  its bf16 matmul run on tiles of exactly ``TILE_ROWS`` rows, the last tile filled up with zero rows (one shape,
+  so one kernel) and, where the check needs it, taken over slices of the input dimension summed in fp32 in a
+  fixed order. An fp32 matmul
   is *not* row-invariant: one row goes through a matrix-vector kernel. The "w8a8" layers need no check of the
   order at all: they multiply 8-bit integers and sum them in int32, and an exact sum is the same in any order;
 * **attention** (:class:`InvariantAttention`) reduces every query over a key axis whose length depends only on
@@ -62,7 +63,12 @@ PRECISIONS = ("fp32", "bf16", "int4", "w8a8")
 
 # Row counts at which a kernel is checked to give every row exactly as a one-row call does.
 CHECK_ROWS = (2, 3, 5, 8, 9, 16, 17, 32, 33, 64)
-PAD_ROWS = 64   # a bf16 layer's calls of up to this many rows all run at this many (Bf16Linear)
+# A bf16 layer runs its rows in tiles of this many, the last filled up with zero rows (Bf16Linear). On the course's
+# CPU (a 2-core Xeon with AMX, torch 2.13, one thread) a bf16 matmul of SmolLM2's 1536 x 576 layer took about
+# 0.26 ms for any row count from 1 to 16, and 0.37-0.39 ms for 24-32 rows: a tile of 16 costs a one-token step
+# nothing more than one row does, and lets a pass over up to 16 tokens cost no more than one token's (a tile of
+# 64 made every call a 64-row call, 0.48 ms).
+TILE_ROWS = 16
 _invariant_pieces: dict[tuple[str, int], int | None] = {}
 
 
@@ -119,25 +125,34 @@ def invariant_piece(kind: str, width: int) -> int | None:
 
 class Bf16Linear(quant.Bf16Linear):
     """:class:`minigpt.quant.Bf16Linear` with a bias, its products taken over each ``piece`` of the input
-    dimension (default: all of it) in bf16 and summed in fp32 in a fixed order. ``rows``: a call with at most
-    that many input rows is padded with zero rows to exactly ``rows``, so that every decoding pass runs the
-    matmul at one shape: a bf16 matmul may pick its kernel, and with it the order of its sums, by the row count
-    (on CPUs with AMX tiles a 1-row call and a 33-row call differ), and at one shape there is one kernel."""
+    dimension (default: all of it) in bf16 and summed in fp32 in a fixed order. ``rows``: the input rows go through
+    the matmul in tiles of exactly that many, the last tile filled up with zero rows, so that every call runs the
+    matmul at one shape whatever its row count: a bf16 matmul may pick its kernel, and with it the order of its
+    sums, by the row count (on CPUs with AMX tiles a 1-row call and a 33-row call differ), and at one shape there
+    is one kernel. A row's result then cannot depend on how many rows share the call. Calls of more than
+    ``max_rows`` rows (a long prompt's prefill) run at their own shape, as the attention does."""
 
-    def __init__(self, linear: nn.Linear, piece: int | None = None, rows: int | None = None):
+    def __init__(self, linear: nn.Linear, piece: int | None = None, rows: int | None = None, max_rows: int = 64):
         super().__init__(linear.weight)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         self.piece = piece or self.weight.shape[1]
-        self.rows = rows
+        self.rows, self.max_rows = rows, max_rows
+
+    def _product(self, xb: torch.Tensor) -> torch.Tensor:
+        K = xb.shape[1]
+        return sum(F.linear(xb[:, a:a + self.piece], self.weight[:, a:a + self.piece]).float()
+                   for a in range(0, K, self.piece))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         K = self.weight.shape[1]
         xb = x.reshape(-1, K).to(torch.bfloat16)
         n = xb.shape[0]
-        if self.rows is not None and n < self.rows:
-            xb = torch.cat([xb, xb.new_zeros(self.rows - n, K)])
-        y = sum(F.linear(xb[:, a:a + self.piece], self.weight[:, a:a + self.piece]).float()
-                for a in range(0, K, self.piece))[:n]
+        if self.rows is None or n > self.max_rows:
+            y = self._product(xb)
+        else:
+            if n % self.rows:
+                xb = torch.cat([xb, xb.new_zeros(self.rows - n % self.rows, K)])
+            y = torch.cat([self._product(tile) for tile in xb.split(self.rows)])[:n]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], -1).to(x.dtype)
@@ -204,7 +219,8 @@ def _layer(kind: str, linear: nn.Linear, piece: int | None, smooth: torch.Tensor
     """``linear`` through the ``kind`` kernel ("bf16" summed in slices of ``piece`` inputs, "int4", "int8",
     "w8a8" with the smoothing factors ``smooth``, if any)."""
     if kind == "bf16":
-        return Bf16Linear(linear, piece, rows=PAD_ROWS)
+        # wider calls (prefills) run at their own shape, as the attention does
+        return Bf16Linear(linear, piece, rows=TILE_ROWS, max_rows=InvariantAttention.max_rows)
     if kind == "w8a8":
         return W8A8Linear(linear, smooth, packed=True)
     return Int4Linear(linear) if kind == "int4" else Int8Linear(linear)
@@ -340,9 +356,9 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True, calibra
     per row (:class:`Int8Linear`), as llama.cpp's files keep it: SmolLM2's file stores it at 8 bits, and rounded
     to 4 its greedy text parted from fp32's within 5 tokens on 6 of 11 held-out requests (perplexity 19.07
     against fp32's 18.13; ``python -m minigpt.quality``). The embeddings, norms and KV cache stay in the model's
-    dtype. CPU only: the int4 and int8 kernels are PyTorch's CPU kernels. A bf16 layer pads every call of up to
-    ``PAD_ROWS`` rows to that many and sums its input dimension in the widest pieces this build then reduces
-    row-invariantly (:func:`invariant_piece`). For "w8a8", ``calibration`` (token id lists: text
+    dtype. CPU only: the int4 and int8 kernels are PyTorch's CPU kernels. A bf16 layer runs its rows in tiles of
+    ``TILE_ROWS`` (the last filled up with zero rows) and sums its input dimension in the widest pieces this build
+    then reduces row-invariantly (:func:`invariant_piece`). For "w8a8", ``calibration`` (token id lists: text
     like what the model will read, never the text it is judged on) turns on SmoothQuant's smoothing with
     ``alpha`` (:func:`minigpt.quant.smoothing_factors`): on SmolLM2's development requests it took the greedy
     text's share before its first parting from fp32's (64 tokens, 13 requests) from 0.40 without smoothing to 0.58

@@ -337,3 +337,31 @@ def test_the_shared_keys_road_gives_the_per_row_roads_bits(monkeypatch):
     shared = wide_pass()
     monkeypatch.setattr(precision, "grouped_rows_agree", lambda *args, **kw: False)
     assert torch.equal(shared, wide_pass())
+
+
+def test_a_bf16_layer_runs_every_call_in_tiles_of_one_shape(monkeypatch):
+    """The bf16 path's layer sends the matmul tiles of exactly TILE_ROWS rows whatever the call's row count (a
+    one-token step, a pass over 1 to 3 tiles of tokens), and gives each row the bits it gives that row alone; a
+    call wider than max_rows (a prefill) runs at its own shape."""
+    import torch.nn.functional as F
+
+    import minigpt.precision as precision
+    lin = torch.nn.Linear(64, 24)
+    layer = precision.Bf16Linear(lin, rows=precision.TILE_ROWS, max_rows=64)
+    shapes = []
+    real_linear = F.linear
+
+    def spy(x, w, *args):
+        shapes.append(tuple(x.shape))
+        return real_linear(x, w, *args)
+    monkeypatch.setattr(precision.F, "linear", spy)
+    x = torch.randn(3 * precision.TILE_ROWS, 64)
+    alone = torch.cat([layer(r[None]) for r in x])
+    for n in (1, 2, precision.TILE_ROWS, precision.TILE_ROWS + 1, 3 * precision.TILE_ROWS):
+        shapes.clear()
+        together = layer(x[:n])
+        assert set(shapes) == {(precision.TILE_ROWS, 64)} and len(shapes) == -(-n // precision.TILE_ROWS), (n, shapes)
+        assert torch.equal(together, alone[:n]), n
+    shapes.clear()
+    layer(torch.randn(65, 64))
+    assert shapes == [(65, 64)]
