@@ -214,11 +214,14 @@ def test_the_choice_strip_draws_every_round():
 
 
 def test_the_bench_record_of_auto_says_what_it_chose():
-    """run_bench's record of auto carries, per option, its share of the rounds and its tokens per target pass."""
+    """run_bench's record of auto carries, per option, its share of the rounds and its tokens per target pass, over
+    all prompts and for each kind of prompt alone."""
     from minigpt.bench import run_bench
     from minigpt.decoding import Models
+    from minigpt.prompts import Prompt
     target, draft = random_model(0), random_model(1, n_layer=1)
-    prompts = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7, 5, 6, 7]]
+    prompts = [Prompt([1, 2, 3, 4, 1, 2, 3], kind="edit"), Prompt([5, 6, 7, 5, 6, 7], kind="chat"),
+               Prompt([9, 3, 8, 2], kind="chat")]
     records = run_bench(["plain", "auto"], models=Models(target, draft), prompts=prompts, max_new_tokens=16,
                         repeats=1)
     auto = next(r for r in records if r["method"] == "auto")
@@ -226,7 +229,10 @@ def test_the_bench_record_of_auto_says_what_it_chose():
     shares = auto["choices"]
     assert sum(c["rounds"] for c in shares.values()) == auto["target_passes"]   # every round is one target pass
     assert abs(sum(c["share"] for c in shares.values()) - 1) < 1e-9
+    by_kind = {kind: sum(c["rounds"] for c in r["choices"].values()) for kind, r in auto["by_kind"].items()}
+    assert set(by_kind) == {"edit", "chat"} and sum(by_kind.values()) == auto["target_passes"]  # each kind its own
     assert "choices" not in next(r for r in records if r["method"] == "plain")
+    assert all("choices" not in r for r in next(r for r in records if r["method"] == "plain")["by_kind"].values())
 
 
 def test_the_machines_measurements_carry_over_to_the_next_generation():

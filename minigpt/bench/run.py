@@ -152,7 +152,8 @@ def verdict_fields(race: Race, name: str, idx) -> dict:
 
 
 def group_summary(race: Race, name: str, idx) -> dict:
-    """The counts, times and speedups of ``name`` on the prompts ``idx`` alone."""
+    """The counts, times and speedups of ``name`` on the prompts ``idx`` alone (and, for ``auto``, its choices
+    there)."""
     s = race.totals(name, idx)
     t, speedups = race.timing(name, idx)
     return dict(n_prompts=len(idx), new_tokens=sum(len(race.outputs[name][i]) for i in idx),
@@ -161,7 +162,7 @@ def group_summary(race: Race, name: str, idx) -> dict:
                 share_of_proposed_accepted=_finite(s.share_of_proposed_accepted) if s.proposed else None,
                 time_s_median=statistics.median(t), speedup_vs_plain=statistics.median(speedups),
                 speedup_min=min(speedups), speedup_max=max(speedups), **verdict_fields(race, name, idx),
-                identical_to_plain_greedy=all(race.identical[name][i] for i in idx))
+                identical_to_plain_greedy=all(race.identical[name][i] for i in idx), **choices_field(race, name, idx))
 
 
 def prompt_groups(prompts: list) -> tuple[list[str], dict, dict]:

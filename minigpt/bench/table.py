@@ -9,7 +9,7 @@ from ..device import busy_machine_note
 
 def format_table(records: list[dict]) -> str:
     """A plain-text table of the records."""
-    head = f"{'method':<24}{'gamma':>6}{'tok/pass':>10}{'alpha':>8}{'tok/s (min-max)':>22}" \
+    head = f"{'method':<24}{'gamma':>6}{'tok/pass':>10}{'alpha':>8}{'tok/s (min-max)':>26}" \
            f"{'speedup (min-max)':>22}{'identical':>11}  verdict"
     lines = [head, "-" * len(head)]
     for r in records:
@@ -17,7 +17,7 @@ def format_table(records: list[dict]) -> str:
         g = "-" if r["gamma"] is None else str(r["gamma"])
         tps = f"{r['tokens_per_s']:.1f} ({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f})"
         sp = f"{r['speedup_vs_plain']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})"
-        lines.append(f"{r['method']:<24}{g:>6}{r['tokens_per_target_pass']:>10.2f}{a:>8}{tps:>22}{sp:>22}"
+        lines.append(f"{r['method']:<24}{g:>6}{r['tokens_per_target_pass']:>10.2f}{a:>8}{tps:>26}{sp:>22}"
                      f"{str(r['identical_to_plain_greedy']):>11}  {_verdict(r)}")
     r0 = records[0]
     for r in records:
@@ -25,9 +25,7 @@ def format_table(records: list[dict]) -> str:
             lines.append(f"{r['method']}: ours ({r['ours']}) / theirs = {r['ours_over_theirs']:.2f}x tokens/s, "
                          f"identical tokens: {r['identical_to_ours']}")
         if "choices" in r:
-            lines.append(f"{r['method']} chose: " + ", ".join(
-                f"{o} {c['share']:.0%} of rounds ({c['tokens_per_pass']:.2f} tokens/pass)"
-                for o, c in sorted(r["choices"].items(), key=lambda kv: -kv[1]["rounds"])))
+            lines.append(f"{r['method']} chose: {_choices(r['choices'])}")
         if "agreement_with_ours" in r:
             parts = [f"{a['prompt']}: " + ("same" if a["first_divergence"] is None else f"from token {a['first_divergence']}")
                      for a in r["agreement_with_ours"]]
@@ -51,6 +49,8 @@ def format_table(records: list[dict]) -> str:
                 lines.append(f"    {r['method']:<24}{g['tokens_per_target_pass']:>7.2f}{a:>8}    "
                              f"{g['speedup_vs_plain']:.2f}x ({g['speedup_min']:.2f}-{g['speedup_max']:.2f})  "
                              f"{_verdict(g)}{'' if g['identical_to_plain_greedy'] else '   NOT identical'}")
+                if "choices" in g:
+                    lines.append(f"      chose: {_choices(g['choices'])}")
     lines.append(f"{r0['n_prompts']} prompts, {r0['max_new_tokens']} new tokens each (at most), greedy, "
                  f"{r0['repeats']} repeats (medians), device {r0['device']}, {r0['dtype']}, "
                  f"weights {r0.get('precision', 'fp32')}{' (batch-invariant path)' if r0.get('batch_invariant') else ''}, "
@@ -62,6 +62,12 @@ def format_table(records: list[dict]) -> str:
     if busy:
         lines.append(busy)
     return "\n".join(lines)
+
+
+def _choices(choices: dict) -> str:
+    """``auto``'s choices, most taken first: each option's share of the rounds and its tokens per target pass."""
+    return ", ".join(f"{o} {c['share']:.0%} of rounds ({c['tokens_per_pass']:.2f} tokens/pass)"
+                     for o, c in sorted(choices.items(), key=lambda kv: -kv[1]["rounds"]))
 
 
 def _verdict(r: dict) -> str:
