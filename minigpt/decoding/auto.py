@@ -645,10 +645,10 @@ class Auto(Proposer):
             catch_up = getattr(o.proposer, "catch_up", None)
             if catch_up is not None:
                 catch_up(session)
-        if room < 1 or self.plain_only:   # (checked first: a batch stepping plainly builds no time table)
-            return self._start(None, Proposal([root], [-1]), now)
-        t_plain = self.times(1)
-        if t_plain is None:               # the first round is plain: it measures t(1)
+        # a plain round: the batch's choice (read first, so that a batch stepping plainly builds no time table),
+        # no room left, or the first round, which measures t(1)
+        t_plain = None if room < 1 or self.plain_only else self.times(1)
+        if t_plain is None:
             return self._start(None, Proposal([root], [-1]), now)
         best_rate, best = 1.0 / t_plain, None
         cheap_proposals = self._copies
