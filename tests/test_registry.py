@@ -157,3 +157,20 @@ def test_settings_are_one_object_and_keywords_fold_into_it():
     assert generate(target, [1, 2], 8, s, seed=5) == generate(target, [1, 2], 8, temperature=1.0, seed=5)
     with pytest.raises(TypeError, match="unknown decoding setting 'temprature'"):
         generate(target, [1, 2], 8, temprature=1.0)
+
+
+def test_auto_has_the_same_options_whichever_methods_are_loaded_beside_it():
+    """The controller uses every drafter its options need when installed: loading the models for ``auto`` alone
+    loads the EAGLE head and the draft as loading them for ``auto`` raced beside ``eagle`` does, so a benchmark's
+    ``auto`` does not depend on the other methods in its race (nor on the chat's loading)."""
+    from minigpt.decoding.registry import AUTO_OPTIONS, auto_options, wanted
+    assert wanted(["auto"]) == {"draft", "eagle_head"} == wanted(["plain", "auto"]) | wanted(["eagle"])
+    assert wanted(["plain", "auto", "eagle"]) == wanted(["auto"])
+    assert METHODS["auto"].needs == ()      # a use, never a need: auto runs with no drafter loaded
+    alone = Models.shipped("cpu", methods=["auto"])
+    assert alone.eagle_head is not None and alone.draft is not None
+    assert set(auto_options(alone)) == set(AUTO_OPTIONS) == {"prompt_lookup", "suffix", "chain", "eagle"}
+    bare = Models(alone.target)             # nothing loaded: the copying options only
+    assert set(auto_options(bare)) == {"prompt_lookup", "suffix"}
+    with pytest.raises(ValueError, match="unknown need 'tokenizer'"):
+        declare("nothing", RepeatLast, "never added", uses=("tokenizer",))

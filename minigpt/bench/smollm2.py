@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from ..checkpoint import CheckpointError
+from ..decoding.registry import wanted
 from ..engines import LlamaCpp, engine_methods
 from ..real.hf import load_hf_smollm
 from ..real.loaders import EARLY_EXIT_LAYERS, TRAIN_COMMANDS, load_drafters
@@ -52,7 +53,7 @@ def main_smollm2(args, prog: str, names: list[str], dev) -> int:
     kinds = tuple(k.strip() for k in (args.kinds or ",".join(KINDS)).split(",") if k.strip())
     try:
         prompts = real_prompts(kinds=kinds, per_kind=cfg.pop("per_kind"), split=args.split)
-        needs = {n for name in names for n in METHODS[name].needs}
+        needs = wanted(names)
         models = smollm2_models(dev, draft=True, medusa="medusa_heads" in needs, eagle="eagle_head" in needs,
                                 precision=args.precision, eagle3="eagle3_head" in needs)
         if args.peers:

@@ -73,9 +73,10 @@ class Models:
                 draft: str = "draft") -> "Models":
         """The course's shipped target and draft on ``device`` (each carrying the course's tokenizer, which the
         vocabulary check compares), its Medusa heads if ``medusa``, its EAGLE head if ``eagle`` or if one of
-        ``methods`` (names) needs them; ``precision``: the target's and draft's weights (:mod:`minigpt.precision`);
-        ``draft``: which shipped draft ("draft", the pair's; "draft1", the earlier one-layer draft)."""
-        needs = {n for m in methods if m in METHODS for n in METHODS[m].needs}
+        ``methods`` (names) needs or uses them (:func:`wanted`); ``precision``: the target's and draft's weights
+        (:mod:`minigpt.precision`); ``draft``: which shipped draft ("draft", the pair's; "draft1", the earlier
+        one-layer draft)."""
+        needs = wanted(methods)
         models = cls(load_pretrained("target", device, precision), load_pretrained(draft, device, precision))
         models.target.tokenizer = models.draft.tokenizer = load_tokenizer()
         if medusa or "medusa_heads" in needs:
@@ -97,6 +98,7 @@ class Method:
     families: dict = field(default_factory=dict)  # family -> the parameters whose defaults differ there
     transformers: str | None = None         # the transformers decoder it races (minigpt.peers)
     llama_cpp: str | None = None            # the llama.cpp method that runs it (minigpt.engines)
+    uses: tuple[str, ...] = ()              # Models fields it uses when they are loaded, never required
 
     @property
     def batched(self) -> bool:
@@ -141,21 +143,30 @@ METHODS: dict[str, Method] = {}
 
 def declare(name: str, proposer: type, description: str, build: Callable[..., Proposer] | None = None,
             params: dict | None = None, needs: tuple[str, ...] = (), families: dict | None = None,
-            transformers: str | None = None, llama_cpp: str | None = None) -> Method:
+            transformers: str | None = None, llama_cpp: str | None = None, uses: tuple[str, ...] = ()) -> Method:
     """Add a decoding method to :data:`METHODS` (the order of declaration is the benchmark's order) and return it.
 
     ``proposer``: its :class:`~.session.Proposer` class; ``build(models, **params)``: its proposer from what is
     loaded (default: ``proposer(**params)``, for a method that needs nothing loaded); ``params``: the parameters'
     defaults for the course's pair; ``needs``: the :class:`Models` fields it needs (``"draft"``,
     ``"medusa_heads"``, ``"eagle_head"``); ``families``: per model family, the defaults that differ there;
-    ``transformers`` / ``llama_cpp``: the names of its counterparts in those engines, where they exist."""
-    unknown = set(needs) - set(NEEDS)
+    ``transformers`` / ``llama_cpp``: the names of its counterparts in those engines, where they exist;
+    ``uses``: the :class:`Models` fields it uses when they are loaded but runs without (the controller's
+    drafters), loaded with its needs wherever they are installed (:func:`wanted`)."""
+    unknown = (set(needs) | set(uses)) - set(NEEDS)
     if unknown:
         raise ValueError(f"unknown need {sorted(unknown)[0]!r}; a method may need {', '.join(NEEDS)}")
     method = Method(name, proposer, description, build or (lambda models, **p: proposer(**p)), dict(params or {}),
-                    tuple(needs), dict(families or {}), transformers, llama_cpp)
+                    tuple(needs), dict(families or {}), transformers, llama_cpp, tuple(uses))
     METHODS[name] = method
     return method
+
+
+def wanted(names) -> set[str]:
+    """The :class:`Models` fields to load for the methods ``names`` (unknown names skipped): what each needs and
+    what each uses when installed, so that a method such as ``auto`` has the same options whichever other
+    methods are loaded beside it."""
+    return {n for name in names if name in METHODS for n in (*METHODS[name].needs, *METHODS[name].uses)}
 
 
 def available(models: Models) -> list[str]:
@@ -221,4 +232,4 @@ declare("auto", Auto, "the speculation controller: each round the option with th
         "(plain, prompt lookup cut to its best length, a draft chain's gamma, EAGLE's tree), from this generation's "
         "own measurements (round times and drafting costs kept across generations)",
         build=lambda m, **p: Auto(auto_options(m), memory=m.memory.setdefault("auto", Memory()), **p),
-        params=dict(gamma_max=8, max_send=32))
+        params=dict(gamma_max=8, max_send=32), uses=tuple(sorted(wanted(AUTO_OPTIONS))))

@@ -426,18 +426,18 @@ def smollm_models(model: GPT, enc, speculate: str) -> Models:
     """The :class:`~minigpt.decoding.registry.Models` of the "smollm2" family for the method ``speculate`` (a
     declared name or one of the chat's former ones): the model and its tokenizer, ``<|im_end|>``, the early-exit
     depth, and the drafters the method needs (loaded only when asked for; CheckpointError in one line naming the
-    training command when one is not installed)."""
+    training command when one is not installed) and those it uses when installed (``auto``'s options)."""
     model.tokenizer = enc
     models = Models(model, early_exit_layers=EARLY_EXIT_LAYERS, eos_id=enc.encode_single_token(STOP), family="smollm2")
     name = ALIASES.get(speculate, speculate)
     needs = METHODS[name].needs if name in METHODS else ()
-    if name == "auto":  # the controller chooses among every drafter that is installed
-        needs = tuple(n for n, path in DRAFTER_FILES.items() if path.exists())
+    # the drafters a method uses when installed (the controller's options) are loaded too, where they exist
+    uses = tuple(n for n in METHODS[name].uses if DRAFTER_FILES[n].exists()) if name in METHODS else ()
     for need in needs:
         if need in DRAFTER_FILES and not DRAFTER_FILES[need].exists():
             raise CheckpointError(f"no SmolLM2 {need.replace('_', ' ')} at {DRAFTER_FILES[need]}: "
                                   f"python -m minigpt.real {TRAIN_COMMANDS[need]}")
-    return load_drafters(models, needs)
+    return load_drafters(models, (*needs, *uses))
 
 
 if __name__ == "__main__":
