@@ -40,7 +40,7 @@ import torch
 
 from ..checkpoint import CheckpointError, check_state_dict
 from ..data import cache_dir
-from ..decoding.registry import METHODS, Models
+from ..decoding.registry import METHODS, Models, wanted
 from ..device import get_device
 from ..model import GPT, GPTConfig
 from ..precision import PRECISIONS, reduce_precision
@@ -431,13 +431,11 @@ def smollm_models(model: GPT, enc, speculate: str) -> Models:
     models = Models(model, early_exit_layers=EARLY_EXIT_LAYERS, eos_id=enc.encode_single_token(STOP), family="smollm2")
     name = ALIASES.get(speculate, speculate)
     needs = METHODS[name].needs if name in METHODS else ()
-    # the drafters a method uses when installed (the controller's options) are loaded too, where they exist
-    uses = tuple(n for n in METHODS[name].uses if DRAFTER_FILES[n].exists()) if name in METHODS else ()
     for need in needs:
         if need in DRAFTER_FILES and not DRAFTER_FILES[need].exists():
             raise CheckpointError(f"no SmolLM2 {need.replace('_', ' ')} at {DRAFTER_FILES[need]}: "
                                   f"python -m minigpt.real {TRAIN_COMMANDS[need]}")
-    return load_drafters(models, (*needs, *uses))
+    return load_drafters(models, wanted([name]))   # its needs, and what it uses where installed (load_drafters)
 
 
 if __name__ == "__main__":
