@@ -368,6 +368,20 @@ def test_a_stream_of_identical_requests_speeds_up_the_second_and_not_the_first(t
     assert all(r["other_cpu_cores"] is None or r["other_cpu_cores"] >= 0 for r in by.values())
 
 
+def test_the_controller_drafts_from_earlier_outputs_of_the_stream_under_the_same_rule(target):
+    from minigpt.bench.methods import Models
+    from minigpt.bench.stream import run_stream_bench
+    from minigpt.prompts import code_prompts
+    from minigpt.streams import Stream
+    prompt = code_prompts(1)[0]
+    stream = Stream("the same request twice", "code", "test", [prompt, prompt], 24)
+    by = {r["method"]: r for r in run_stream_bench([stream], ["plain", "auto"], Models(target), repeats=2)}
+    auto = by["auto"]
+    assert auto["identical_to_plain_greedy"] and auto["same_every_repeat"]
+    first, second = auto["tau_by_position"]
+    assert first < 2 and second > 2 * first   # the first drafts from nothing earlier; the second, from the first
+
+
 def test_the_rule_is_checked_a_tree_never_cleared_is_caught(target, monkeypatch):
     monkeypatch.setattr(GlobalTree, "clear", lambda self: None)   # outputs of the warm-up and earlier repeats leak
     by = _twice(target)

@@ -15,7 +15,10 @@ family's parameters, each request on its own), or one of :data:`STREAM_METHODS`,
 stream, with the declared ``suffix`` method's parameters: ``suffix`` (the request's own tree and the global
 tree), ``suffix_local`` (the request's own tree only: the declared method itself), ``suffix_fixed`` (a fixed
 number of candidates per round, no probability floor) and ``suffix_union`` (the two trees' drafts merged into
-one tree each round, instead of the better one alone).
+one tree each round, instead of the better one alone). The speculation controller ``auto`` keeps state along
+the stream too: its suffix-decoding option drafts from the same kind of global tree, under the same rule, with
+the same settings as ``suffix``. Its rounds follow measured time, so for it ``same_every_repeat`` checks the
+output only (for every other method, the output and the number of target passes).
 Records: one per (stream, method) with tokens per target pass overall and by position in the stream, the
 speed-up over plain (median and the paired ratios' interval), its verdict, and for suffix decoding the same
 against prompt lookup.
@@ -32,7 +35,10 @@ from pathlib import Path
 import torch
 
 from ..decoding import DecodeStats
-from ..decoding.suffix import GlobalTree, suffix_generate
+from ..decoding.auto import Auto, Memory
+from ..decoding.registry import auto_options, wanted
+from ..decoding.session import Settings, decode
+from ..decoding.suffix import GlobalTree, Suffix, suffix_generate
 from ..device import OtherLoad, busy_machine_note, time_rotating_over
 from ..precision import PRECISIONS
 from ..real.streams import KINDS as SMOLLM2_KINDS
@@ -87,17 +93,20 @@ def parse_suffix_settings(text: str | None) -> dict:
 def stream_fns(names: list[str], models: Models, stream: Stream, params: dict, suffix_settings: dict) -> dict:
     """label -> ``fn((position, prompt)) -> (ids, stats)``. A suffix method's global tree is cleared at position
     0 (the start of every repeat, and of the warm-up) and takes each request's output when it has ended
-    (:meth:`~minigpt.decoding.suffix.Suffix.finish`). ``suffix_settings``: the suffix methods' parameters (the
-    declared ``suffix`` method's, plus ``max_requests`` for the global tree)."""
+    (:meth:`~minigpt.decoding.suffix.Suffix.finish`); so does the suffix option of ``auto``, the speculation
+    controller. ``suffix_settings``: the suffix methods' parameters (the declared ``suffix`` method's, plus
+    ``max_requests`` for the global tree), ``auto``'s suffix option's included."""
     n, eos = stream.max_new_tokens, stream.eos_id
 
     def registered(name):
         return lambda item: METHODS[name].run(models, item[1], n, **params[name])
 
+    def global_tree(settings):
+        return GlobalTree(settings.pop("max_requests", 10_000), settings.get("max_depth", 24))
+
     def suffix(variant):
         settings = {**suffix_settings, **{k: v for k, v in variant.items() if k != "use_global"}}
-        cache = GlobalTree(settings.pop("max_requests", 10_000), settings.get("max_depth", 24)) \
-            if variant["use_global"] else None
+        cache = global_tree(settings) if variant["use_global"] else None
 
         def fn(item):
             position, prompt = item
@@ -106,9 +115,25 @@ def stream_fns(names: list[str], models: Models, stream: Stream, params: dict, s
             return suffix_generate(models.target, prompt, n, cache=cache, eos_id=eos, **settings)
         return fn
 
+    def auto():
+        settings = dict(suffix_settings)
+        cache = global_tree(settings)
+
+        def fn(item):
+            position, prompt = item
+            if position == 0:
+                cache.clear()  # the same rule as suffix decoding's
+            options = auto_options(models)
+            if "suffix" in options:
+                options["suffix"] = Suffix(cache, **settings)
+            proposer = Auto(options, memory=models.memory.setdefault("auto", Memory()), **params["auto"])
+            return decode(models.target, prompt, n, proposer, Settings(eos_id=eos))
+        return fn
+
     fns = {}
     for name in names:
-        fns[name] = suffix(STREAM_METHODS[name]) if name in STREAM_METHODS else registered(name)
+        fns[name] = suffix(STREAM_METHODS[name]) if name in STREAM_METHODS else auto() if name == "auto" \
+            else registered(name)
     return fns
 
 
@@ -134,8 +159,9 @@ def stream_records(stream: Stream, seconds: dict, results: dict, names: list[str
         tokens = [len(o) for o in outs]
         passes = sum(st.target_passes for st in stats)
         ratios = paired_ratios(seconds["plain"], seconds[name])
-        same = all([ids for ids, _ in run] == outs and [st.target_passes for _, st in run] ==
-                   [st.target_passes for st in stats] for run in runs)
+        timed = name in METHODS and METHODS[name].proposer.timed  # rounds that follow measured time may differ
+        same = all([ids for ids, _ in run] == outs and (timed or [st.target_passes for _, st in run] ==
+                   [st.target_passes for st in stats]) for run in runs)
         totals = [sum(row) for row in seconds[name]]
         rec = dict(stream=stream.name, kind=stream.kind, split=stream.split, method=name, precision=precision,
                    batch_invariant=invariant, other_cpu_cores=other_cpu_cores,
@@ -291,8 +317,10 @@ def main_stream(argv: list[str]) -> int:
         else:
             kinds = tuple(k.strip() for k in (args.kinds or ",".join(SMOLLM2_KINDS)).split(","))
             streams = smollm2_streams(args.split, kinds, args.max_new_tokens or 96, args.n_requests)
-            models = smollm2_models("cpu", draft="chain" in names, medusa="medusa" in names, eagle="eagle" in names,
-                                    precision=args.precision, eagle3="eagle3" in names)
+            needs = wanted(names)   # what the methods need, and what auto uses when it is installed
+            models = smollm2_models("cpu", draft="draft" in needs, medusa="medusa_heads" in needs,
+                                    eagle="eagle_head" in needs, precision=args.precision,
+                                    eagle3="eagle3_head" in needs)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"{ap.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -434,6 +434,7 @@ class Auto(Proposer):
     the machine's measurements in across generations (default: this controller's own). Choices follow measured
     time, so a seeded sampled run is distributed as the target's but not reproducible from its seed alone."""
     batched = True   # in a batch, the sequences that chose the draft chain draft together (_draft_chains)
+    timed = True     # its choices follow measured time: the same request, decoded twice, may take other rounds
     lazy_draft = True  # the draft catches up when the chain is first chosen (Chain.feed_batch), if it ever is
 
     def __init__(self, options: dict[str, Proposer], gamma_max: int = 8, max_send: int = 32, smoothing: float = 0.3,

@@ -202,7 +202,9 @@ class Proposer:
                      :func:`~.verify.rule_for`; Medusa's typical acceptance is another);
     ``batched``      True when :meth:`propose_batch` runs the drafting model once for all sequences of a batch
                      (a draft chain, a draft tree); False: each sequence drafts on its own (nothing to batch, or a
-                     drafter that works per sequence), and only the target's pass is shared.
+                     drafter that works per sequence), and only the target's pass is shared;
+``timed``        True when its rounds follow measured time (the speculation controller): two runs of the same
+                     request give the same output but may make different rounds.
 
     Set by the batch engine before each round: ``waiting``, how many requests wait for a place in the batch (the
     speculation controller scores a batch's rounds by it)."""
@@ -213,6 +215,7 @@ class Proposer:
     max_width: int = 64
     rule: Callable[[SamplingConfig, torch.Generator | None], Rule] | None = None
     batched: bool = False
+    timed: bool = False
     waiting: int = 0
 
     def start(self, session: "Progress") -> None:
