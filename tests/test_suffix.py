@@ -380,6 +380,7 @@ def test_the_controller_drafts_from_earlier_outputs_of_the_stream_under_the_same
     assert auto["identical_to_plain_greedy"] and auto["same_every_repeat"]
     first, second = auto["tau_by_position"]
     assert first < 2 and second > 2 * first   # the first drafts from nothing earlier; the second, from the first
+    assert "suffix" in auto["choices"] and "choices" not in by["plain"]   # what it chose, for the record
 
 
 def test_the_rule_is_checked_a_tree_never_cleared_is_caught(target, monkeypatch):

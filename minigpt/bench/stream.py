@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from ..decoding import DecodeStats
-from ..decoding.auto import Auto, Memory
+from ..decoding.auto import Auto, Memory, choice_summary
 from ..decoding.registry import auto_options, wanted
 from ..decoding.session import Settings, decode
 from ..decoding.suffix import GlobalTree, Suffix, suffix_generate
@@ -48,6 +48,7 @@ from ..verdict import aa_band, paired_ratios, ratio_interval, speed_verdict, twi
 from .methods import METHODS, Models
 from .run import resolve_params
 from .smollm2 import smollm2_models
+from .table import format_choices
 
 TWIN = twin_of("plain")
 # the suffix variants' settings beyond the model family's own (SUFFIX_SETTINGS): what makes each one itself
@@ -175,6 +176,9 @@ def stream_records(stream: Stream, seconds: dict, results: dict, names: list[str
                    speedup_ratios=ratios, noise_band=list(band),
                    verdict="baseline" if name == "plain" else speed_verdict(ratios, band),
                    identical_to_plain_greedy=outs == plain_out, same_every_repeat=same)
+        rounds = [c for st in stats for c in st.choices]
+        if rounds:   # a method that chooses round by round (auto): how often each option was taken (first repeat)
+            rec["choices"] = choice_summary(rounds)
         if name == "plain":
             rec["aa_ratios"] = aa
         if name != "plain" and "prompt_lookup" in seconds and name != "prompt_lookup":
@@ -239,6 +243,8 @@ def format_stream_table(records: list[dict]) -> str:
             lines.append(f"  {r['method']:<16} tau {tau:>5}  {r['speedup_vs_plain']:.2f}x ({lo:.2f}-{hi:.2f}) "
                          f"{r['verdict']}{extra}{flags}")
             lines.append(f"  {'':<16} tau by position: " + " ".join(f"{t:.2f}" for t in r["tau_by_position"]))
+            if "choices" in r:
+                lines.append(f"  {'':<16} chose: {format_choices(r['choices'])}")
         busy = busy_machine_note(r0.get("other_cpu_cores"))
         if busy:
             lines.append(f"  {busy}")

@@ -25,7 +25,7 @@ def format_table(records: list[dict]) -> str:
             lines.append(f"{r['method']}: ours ({r['ours']}) / theirs = {r['ours_over_theirs']:.2f}x tokens/s, "
                          f"identical tokens: {r['identical_to_ours']}")
         if "choices" in r:
-            lines.append(f"{r['method']} chose: {_choices(r['choices'])}")
+            lines.append(f"{r['method']} chose: {format_choices(r['choices'])}")
         if "agreement_with_ours" in r:
             parts = [f"{a['prompt']}: " + ("same" if a["first_divergence"] is None else f"from token {a['first_divergence']}")
                      for a in r["agreement_with_ours"]]
@@ -50,7 +50,7 @@ def format_table(records: list[dict]) -> str:
                              f"{g['speedup_vs_plain']:.2f}x ({g['speedup_min']:.2f}-{g['speedup_max']:.2f})  "
                              f"{_verdict(g)}{'' if g['identical_to_plain_greedy'] else '   NOT identical'}")
                 if "choices" in g:
-                    lines.append(f"      chose: {_choices(g['choices'])}")
+                    lines.append(f"      chose: {format_choices(g['choices'])}")
     lines.append(f"{r0['n_prompts']} prompts, {r0['max_new_tokens']} new tokens each (at most), greedy, "
                  f"{r0['repeats']} repeats (medians), device {r0['device']}, {r0['dtype']}, "
                  f"weights {r0.get('precision', 'fp32')}{' (batch-invariant path)' if r0.get('batch_invariant') else ''}, "
@@ -64,7 +64,7 @@ def format_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _choices(choices: dict) -> str:
+def format_choices(choices: dict) -> str:
     """``auto``'s choices, most taken first: each option's share of the rounds and its tokens per target pass."""
     return ", ".join(f"{o} {c['share']:.0%} of rounds ({c['tokens_per_pass']:.2f} tokens/pass)"
                      for o, c in sorted(choices.items(), key=lambda kv: -kv[1]["rounds"]))
