@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from ..decoding import DecodeStats
-from ..decoding.auto import Auto, Memory, choice_summary
-from ..decoding.registry import auto_options, wanted
+from ..decoding.auto import choice_summary
+from ..decoding.registry import make_auto, wanted
 from ..decoding.session import Settings, decode
 from ..decoding.suffix import GlobalTree, Suffix, suffix_generate
 from ..device import OtherLoad, busy_machine_note, time_rotating_over
@@ -124,10 +124,7 @@ def stream_fns(names: list[str], models: Models, stream: Stream, params: dict, s
             position, prompt = item
             if position == 0:
                 cache.clear()  # the same rule as suffix decoding's
-            options = auto_options(models)
-            if "suffix" in options:
-                options["suffix"] = Suffix(cache, **settings)
-            proposer = Auto(options, memory=models.memory.setdefault("auto", Memory()), **params["auto"])
+            proposer = make_auto(models, suffix=Suffix(cache, **settings), **params["auto"])
             return decode(models.target, prompt, n, proposer, Settings(eos_id=eos))
         return fn
 

@@ -228,8 +228,17 @@ def auto_options(models: Models) -> dict[str, Proposer]:
             if name in METHODS and not METHODS[name].missing(models)}
 
 
+def make_auto(models: Models, suffix: Proposer | None = None, **params) -> Auto:
+    """The controller over :func:`auto_options`, keeping its measurements in ``models.memory``; ``suffix``: a
+    suffix-decoding proposer to take that option's place (the stream bench's, which drafts from a global tree)."""
+    options = auto_options(models)
+    if suffix is not None and "suffix" in options:
+        options["suffix"] = suffix
+    return Auto(options, memory=models.memory.setdefault("auto", Memory()), **params)
+
+
 declare("auto", Auto, "the speculation controller: each round the option with the most expected tokens per second "
         "(plain, prompt lookup cut to its best length, a draft chain's gamma, EAGLE's tree), from this generation's "
         "own measurements (round times and drafting costs kept across generations)",
-        build=lambda m, **p: Auto(auto_options(m), memory=m.memory.setdefault("auto", Memory()), **p),
+        build=make_auto,
         params=dict(gamma_max=8, max_send=32), uses=tuple(sorted(wanted(AUTO_OPTIONS))))
