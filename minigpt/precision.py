@@ -58,7 +58,7 @@ from .cache import KVCache
 from .model import GPT, CausalSelfAttention
 from .quant import int4_groups  # noqa: F401  (re-exported: the Q4_1 recovery the int4 path relies on)
 
-PRECISIONS = ("fp32", "bf16", "int4", "w8a8")
+PRECISIONS = ("fp32", "bf16", "int4", "w8a8", "w4a8")
 
 
 # Row counts at which a kernel is checked to give every row exactly as a one-row call does.
@@ -186,6 +186,15 @@ class Int4Linear(_Bias, quant.Int4Linear):
         self._keep_bias(linear)
 
 
+class W4A8Linear(_Bias, quant.W4A8Linear):
+    """:class:`minigpt.quant.W4A8Linear` (4-bit weights in Q4_1 groups, 8-bit activation groups, the compiled
+    row-invariant kernel) with a bias."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear.weight)
+        self._keep_bias(linear)
+
+
 class W8A8Linear(_Bias, quant.W8A8Linear):
     """:class:`minigpt.quant.W8A8Linear` (8-bit weights and activations, integer products and sums) with a bias;
     ``packed``: passes of several rows through oneDNN's integer linear where the build has it (the same sums)."""
@@ -223,6 +232,8 @@ def _layer(kind: str, linear: nn.Linear, piece: int | None, smooth: torch.Tensor
         return Bf16Linear(linear, piece, rows=TILE_ROWS, max_rows=InvariantAttention.max_rows)
     if kind == "w8a8":
         return W8A8Linear(linear, smooth, packed=True)
+    if kind == "w4a8":
+        return W4A8Linear(linear)
     return Int4Linear(linear) if kind == "int4" else Int8Linear(linear)
 
 
@@ -266,12 +277,37 @@ def _key_lists(mask: torch.Tensor | None, start: int) -> list[list[int]]:
     return keys
 
 
+_last_compiled: list = [None, None]  # the same for the compiled road: (mask, start, T) and its (n, ofs, idx)
+
+
+def _compiled_keys(mask: torch.Tensor | None, start: int, T: int):
+    """The keys of each new token as the compiled attention takes them: ``n`` (T,) int32, how many; ``ofs`` (T,)
+    int32, -1 where they are the cache's slots 0 .. n - 1, else where the row's slots begin in ``idx``."""
+    if _last_compiled[0] is not None and _last_compiled[0][0] is mask and _last_compiled[0][1:] == (start, T):
+        return _last_compiled[1]
+    rows = [list(range(start + t + 1)) for t in range(T)] if mask is None else _key_lists(mask, start)
+    n, ofs, idx = [], [], []
+    for keys in rows:
+        n.append(len(keys))
+        if keys[-1] == len(keys) - 1:                              # sorted, distinct, ending at n - 1: 0 .. n - 1
+            ofs.append(-1)
+        else:
+            ofs.append(len(idx))
+            idx.extend(keys)
+    as32 = lambda xs: torch.tensor(xs or [0], dtype=torch.int32)  # noqa: E731
+    _last_compiled[:] = [(mask, start, T), (as32(n), as32(ofs), as32(idx))]
+    return _last_compiled[1]
+
+
 class InvariantAttention(CausalSelfAttention):
     """Attention whose result for a query depends only on that query and its keys, never on the pass's shape
     (see the module docstring). ``bucket``: the key axis of a query at position p has ceil((p + 1) / bucket) *
-    bucket slots; ``max_rows``: wider passes (prefills) use the ordinary attention."""
+    bucket slots; ``max_rows``: wider passes (prefills) use the ordinary attention. ``compiled`` (set on the w4a8
+    path): every pass up to ``max_rows`` tokens goes through ``attend_rows`` of :mod:`minigpt.kernels` instead,
+    one query row at a time in C, its sums in an order of that row's own, one call per layer."""
     bucket: int = 128
     max_rows: int = 64
+    compiled: bool = False
 
     def forward(self, x, mask=None, cache=None, layer=0, rope=None):
         if not isinstance(cache, KVCache) or x.shape[1] > self.max_rows:
@@ -281,6 +317,8 @@ class InvariantAttention(CausalSelfAttention):
         start = cache.length
         cache.update(layer, k, v)
         K, V = cache.k[layer], cache.v[layer]                      # (B, n_kv, max_len, hs): the whole buffer
+        if self.compiled and K.dtype == torch.float32 and K.device.type == "cpu":
+            return self.c_proj(self._attend_compiled(q, K, V, mask, start, cache.max_len))
         g, hs = self.n_head // self.n_kv_head, self.head_size
         if mask is None and T == 1:                                # one new token: it sees keys 0 .. start
             y = self._attend_all(q.reshape(B * self.n_kv_head, g, hs), K, V, start + 1, cache.max_len)
@@ -305,6 +343,20 @@ class InvariantAttention(CausalSelfAttention):
             y[:, :, rows] = out.reshape(B, self.n_head, len(rows), hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
+
+    def _attend_compiled(self, q, K, V, mask, start: int, max_len: int) -> torch.Tensor:
+        """Every query row of ``q`` (B, n_head, T, hs) against its keys, by the compiled kernel: (B, T, C)."""
+        from .kernels import library
+        B, H, T, hs = q.shape
+        n, ofs, idx = _compiled_keys(mask, start, T)
+        q = q.contiguous()
+        out = torch.empty(B, T, H, hs)
+        err = library().attend_rows(B, T, H, self.n_kv_head, hs, max_len, q.data_ptr(), K.data_ptr(), V.data_ptr(),
+                                    n.data_ptr(), ofs.data_ptr(), idx.data_ptr(), 1.0 / math.sqrt(hs),
+                                    out.data_ptr(), torch.get_num_threads())
+        if err:
+            raise ValueError(f"the compiled attention refused heads of {hs} numbers or a row of {int(n.max())} keys")
+        return out.view(B, T, H * hs)
 
     def _slots(self, n: int, max_len: int) -> int:
         return min(math.ceil(n / self.bucket) * self.bucket, max_len)
@@ -370,8 +422,11 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True, calibra
     if precision == "fp32":
         model.precision, model.batch_invariant = "fp32", False
         return model
-    if precision == "w8a8" and not hasattr(torch, "_int_mm"):
-        raise ValueError(f"the w8a8 path needs torch._int_mm, which torch {torch.__version__} does not have")
+    if precision in ("w8a8", "w4a8") and not hasattr(torch, "_int_mm"):
+        raise ValueError(f"the {precision} path needs torch._int_mm, which torch {torch.__version__} does not have")
+    if precision == "w4a8":
+        from .kernels import library
+        library()     # KernelUnavailable, one sentence, where the compiled kernel cannot be built here
     if model.device.type != "cpu":
         raise ValueError(f"the {precision} path uses PyTorch's CPU kernels: move the model to the CPU first")
     out = copy.deepcopy(model).float().eval()
@@ -381,7 +436,9 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True, calibra
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 width = child.weight.shape[1]
-                kind = "int8" if precision == "int4" and child is out.lm_head else precision   # w8a8: all
+                kind = precision                                                   # w8a8: all layers
+                if child is out.lm_head and precision in ("int4", "w4a8"):   # the output layer at 8 bits
+                    kind = "int8" if precision == "int4" else "w8a8"
                 piece = invariant_piece(kind, width) if invariant else None
                 invariant_kernels &= piece is not None
                 full = f"{prefix}.{name}" if prefix else name
@@ -389,6 +446,7 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True, calibra
                 setattr(module, name, _layer(kind, child, piece, smooth))
             elif invariant and type(child) is CausalSelfAttention:
                 child.__class__ = InvariantAttention
+                child.compiled = precision == "w4a8"      # its attention in C too (minigpt.kernels)
     for p in out.parameters():
         p.requires_grad_(False)
     out.precision = precision

@@ -210,6 +210,68 @@ class W8A8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
+def int8_groups(x: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group of ``group`` inputs of each row of ``x`` (rows, K) rounded to int8 with a scale of its own, the
+    group's largest magnitude / 127 (llama.cpp's Q8 blocks): ``(q (rows, K) int8, scale (rows, K / group) fp32)``.
+    A row's numbers depend on that row alone."""
+    rows, K = x.shape
+    xg = x.float().reshape(rows, K // group, group)
+    scale = xg.abs().amax(-1).div_(127).clamp_(min=1e-30)
+    return xg.div(scale[..., None]).round_().to(torch.int8).reshape(rows, K), scale
+
+
+class W4A8Linear(nn.Module):
+    """``x @ W.T`` with W as 4-bit groups of 32 (:func:`int4_groups`, Q4_1's layout) and each group of 32 inputs of
+    a row rounded to int8 with a scale of its own (:func:`int8_groups`), through the compiled kernel of
+    ``minigpt/kernels/invariant.c``: a group's 32 products summed in int32 (exact, so in any order), the groups' scaled
+    sums added in fp32 in one fixed order. A row's result therefore does not depend on how many rows share the
+    call, and the rows share the unpacking of each weight row: a pass over several tokens costs less than that many
+    one-token passes. This is llama.cpp's own recipe for a Q4_1 layer on a CPU (its activations go to 8-bit blocks
+    of 32 too); what the kernel adds is an order of the floating-point sums that the row count cannot change.
+    Needs an input size divisible by 32; :class:`minigpt.kernels.KernelUnavailable` where the kernel cannot be
+    built."""
+
+    def __init__(self, weight: torch.Tensor, group: int = 32):
+        super().__init__()
+        from . import kernels
+        self.lib = kernels.library()
+        N, K = weight.shape
+        if group != 32 or K % 32:
+            raise ValueError(f"the w4a8 kernel takes groups of 32 and an input size divisible by 32, got {K}")
+        q, step, lo = int4_groups(weight.detach().float().cpu(), group)
+        G, Np = K // 32, -(-N // 16) * 16                 # outputs in blocks of 16, the last filled with zeros
+        q = F.pad(q.to(torch.uint8), (0, 0, 0, Np - N)).reshape(Np // 16, 2, 8, G, 8, 4)
+        q = q.permute(0, 3, 4, 1, 2, 5).reshape(Np // 16, G, 8, 2, 32)        # (block, group, quad, half, 32)
+        # byte 4i + t of a quad: output i's weight for input 4j + t in the low 4 bits, output 8 + i's in the high
+        self.q = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).contiguous()
+        self.step, self.lo = (F.pad(t.float(), (0, 0, 0, Np - N)).reshape(Np // 16, 16, G).transpose(1, 2)
+                              .contiguous() for t in (step, lo))
+        self.group, self.in_features, self.out_features = group, K, N
+        self.device = weight.device
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("lib", None)                     # a loaded library does not copy; a copy loads it again
+        return state
+
+    def __setstate__(self, state):
+        from . import kernels
+        self.__dict__.update(state)
+        self.lib = kernels.library()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        K = self.in_features
+        if x.shape[-1] != K:
+            raise ValueError(f"W4A8Linear expects inputs of size {K}, got {tuple(x.shape)}")
+        x2 = x.reshape(-1, K).float().contiguous()         # the kernel rounds each row's groups to int8 itself
+        y = torch.empty(x2.shape[0], self.out_features)
+        err = self.lib.w4a8_linear(x2.shape[0], self.out_features, K, x2.data_ptr(), self.q.data_ptr(),
+                                   self.step.data_ptr(), self.lo.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        if err:
+            raise MemoryError(f"the w4a8 kernel could not allocate its buffers for {x2.shape[0]} rows")
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
 def smoothing_factors(weight: torch.Tensor, input_max: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
     """SmoothQuant's per-input-channel factors (Xiao et al. 2023): ``input_max[j] ** alpha / max_i |W[i, j]| **
     (1 - alpha)``, where ``input_max`` is the largest |input| seen in channel j on calibration text. Dividing the

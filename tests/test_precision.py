@@ -16,8 +16,12 @@ from minigpt.decoding.chain import Chain
 from minigpt.decoding.lookup import Lookup, LookupTree
 from minigpt.decoding.plain import generate
 from minigpt.decoding.session import decode
+from minigpt.kernels import available as kernels_available
 from minigpt.precision import (InvariantAttention, batch_consistency, int4_groups, invariant_piece,
                                reduce_precision)
+
+# the w4a8 path runs on compiled kernels (minigpt.kernels): built here with the machine's C compiler
+W4A8 = pytest.param("w4a8", marks=pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels"))
 
 # widths that the int4 kernel's groups of 32 divide; both architectures
 ARCH = {"gpt2": dict(n_embd=64, n_head=4), "llama": dict(n_embd=64, n_head=4, norm="rmsnorm", pos="rope",
@@ -42,7 +46,7 @@ def test_int4_groups_recover_q4_blocks_exactly():
     assert torch.allclose(step2, step) and torch.allclose(lo2, lo)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8"])
+@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8", W4A8])
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_k_tokens_in_one_pass_are_bitwise_k_single_steps(arch, precision):
     """For every k a decoder uses (1 .. 32), after caches of several lengths."""
@@ -57,7 +61,7 @@ def test_k_tokens_in_one_pass_are_bitwise_k_single_steps(arch, precision):
             assert r["bitwise"], (arch, precision, prefix_len, k, r)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8"])
+@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8", W4A8])
 def test_a_tree_pass_is_bitwise_single_steps_along_each_path(precision):
     """A token tree (siblings share a position) scored in one pass: each node's logits equal those of plain
     one-token steps along the path from the root to it."""
@@ -82,7 +86,7 @@ def test_a_tree_pass_is_bitwise_single_steps_along_each_path(precision):
                 assert torch.equal(step, tree[node]), (precision, node)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8"])
+@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8", W4A8])
 def test_speculative_greedy_output_is_the_same_precisions_plain_output(precision):
     target = reduce_precision(_model("llama", 3), precision)
     draft = reduce_precision(_model("llama", 4), precision)
@@ -254,7 +258,7 @@ def test_int4_keeps_the_output_layer_at_8_bits():
     assert invariant_piece("int8", 64) == 64
 
 
-@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int4", W4A8])
 def test_dense_weight_reads_back_the_weight_a_reduced_layer_multiplies_by(kind):
     """What a drafter that reads the target's output layer row by row (EAGLE's subset read-out) gets from a layer
     that keeps no fp32 matrix: the kernel's own weight (for int4, the 4-bit levels, not the original)."""
@@ -269,13 +273,15 @@ def test_dense_weight_reads_back_the_weight_a_reduced_layer_multiplies_by(kind):
     stored = {"bf16": lambda: lin.weight.to(torch.bfloat16).float(),
               "int8": lambda: (lambda q, s: q.float() * s.to(torch.bfloat16).float()[:, None])(*int8_rows(lin.weight)),
               "int4": lambda: (lambda q, s, m: (q.reshape(48, 2, 32) * s[..., None] + m[..., None]).reshape(48, 64))(
-                  *int4_groups(lin.weight.detach()))}[kind]()
+                  *int4_groups(lin.weight.detach()))}
+    stored["w4a8"] = stored["int4"]
+    stored = stored[kind]()
     gap_to_stored, gap_to_fp32 = (w - stored).abs().max(), (w - lin.weight).abs().max()
     assert gap_to_stored <= 1e-3 and gap_to_stored < gap_to_fp32 / 4   # the kernel's levels, not the fp32 weight
     assert torch.equal(dense_weight(lin), lin.weight)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8"])
+@pytest.mark.parametrize("precision", ["bf16", "int4", "w8a8", W4A8])
 def test_every_declared_method_keeps_its_precisions_plain_output_on_the_shipped_models(precision):
     """The shipped pair and heads at reduced precision: every declared method, the heads that read the target's
     output layer (EAGLE, Medusa) included, runs and gives that precision's plain greedy output."""
