@@ -107,3 +107,26 @@ def test_without_a_compiler_the_path_says_so_in_one_sentence(monkeypatch, tmp_pa
     with pytest.raises(kernels.KernelUnavailable, match="need a C compiler") as e:
         reduce_precision(random_model(0, vocab_size=96, block_size=64, n_embd=64, n_head=4), "w4a8")
     assert "\n" not in str(e.value)
+
+
+def test_the_portable_road_computes_the_same_formula_row_invariantly(tmp_path):
+    """The plain C loops (a CPU without AVX-512 VNNI, or MINIGPT_KERNELS_PORTABLE=1): the formula, rows that do not
+    meet, and attention, checked in a fresh process built that way."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = tmp_path / "check.py"
+    script.write_text(
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import test_kernels as t\n"
+        "from minigpt import kernels\n"
+        "assert kernels.describe() == 'portable C', kernels.describe()\n"
+        "t.test_the_product_is_its_formula_and_rows_do_not_meet(50, 96)\n"
+        "t.test_a_group_of_zeros_and_extreme_activations()\n"
+        "t.test_the_compiled_attention_is_softmax_attention_row_by_row()\n"
+        "print('portable ok')\n")
+    env = dict(os.environ, MINIGPT_KERNELS_PORTABLE="1", MINIGPT_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0 and "portable ok" in done.stdout, done.stderr[-2000:]

@@ -193,7 +193,7 @@ def method_record(race: Race, name: str, prompts: list, setup: dict, description
     return dict(
         method=name, description=description, params=params, gamma=params.get("gamma"),
         device=setup["device"], dtype=setup["dtype"], torch_threads=setup["torch_threads"], n_prompts=len(prompts),
-        precision=setup["precision"], batch_invariant=setup["batch_invariant"],
+        precision=setup["precision"], batch_invariant=setup["batch_invariant"], kernels=setup["kernels"],
         other_cpu_cores=setup["other_cpu_cores"], max_new_tokens=setup["max_new_tokens"], new_tokens=new_tokens,
         repeats=setup["repeats"],
         target_passes=s.target_passes, draft_passes=s.draft_passes, rounds=s.rounds,
@@ -298,7 +298,8 @@ def run_bench(methods=("plain", "chain"), n_code: int = 8, n_edit: int = 4, max_
     setup = dict(device=str(dev), dtype=str(next(models.target.parameters()).dtype).replace("torch.", ""),
                  torch_threads=torch.get_num_threads(), max_new_tokens=max_new_tokens, repeats=repeats,
                  precision=getattr(models.target, "precision", "fp32"),
-                 batch_invariant=getattr(models.target, "batch_invariant", False), other_cpu_cores=load.cores)
+                 batch_invariant=getattr(models.target, "batch_invariant", False),
+                 kernels=getattr(models.target, "kernels", None), other_cpu_cores=load.cores)
     records = []
     for n in names:
         theirs = outside.get(n)

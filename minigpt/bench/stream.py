@@ -162,7 +162,7 @@ def stream_records(stream: Stream, seconds: dict, results: dict, names: list[str
                    [st.target_passes for st in stats]) for run in runs)
         totals = [sum(row) for row in seconds[name]]
         rec = dict(stream=stream.name, kind=stream.kind, split=stream.split, method=name, precision=precision,
-                   batch_invariant=invariant, other_cpu_cores=other_cpu_cores,
+                   batch_invariant=invariant, kernels=getattr(target, "kernels", None), other_cpu_cores=other_cpu_cores,
                    params=params.get(name, {}), n_requests=len(stream), max_new_tokens=stream.max_new_tokens,
                    repeats=repeats, torch_threads=torch.get_num_threads(), new_tokens=sum(tokens),
                    target_passes=passes, tokens_per_target_pass=sum(tokens) / passes if passes else None,

@@ -54,14 +54,19 @@ def _build(name: str) -> Path:
     if cc is None:
         raise KernelUnavailable(f"the w4a8 path's kernels (minigpt/kernels/{name}.c) need a C compiler (cc, gcc or "
                                 f"clang; or set CC), and none is here")
-    flags = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c99"]
-    key = hashlib.sha256(source.read_bytes() + " ".join([cc, *flags, platform.machine(), platform.node()]).encode())
+    flags = ["-O3", "-shared", "-fPIC", "-std=c99"]
+    # -march=native lets the compiler use this CPU's vector instructions (AVX-512 VNNI turns on the vector code);
+    # MINIGPT_KERNELS_PORTABLE=1 builds the plain C loops instead (the tests check that road too)
+    native = [] if os.environ.get("MINIGPT_KERNELS_PORTABLE") else ["-march=native"]
+    key = hashlib.sha256(source.read_bytes() + " ".join([cc, *flags, *native, platform.machine(),
+                                                          platform.node()]).encode())
     target = _cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    # OpenMP where the compiler has it (more than one thread then splits the weight rows); without it, one thread
-    for extra in (["-fopenmp"], []):
+    # OpenMP where the compiler has it (more than one thread then splits the work); a compiler that knows no
+    # -march=native (some on ARM) builds the plain loops
+    for extra in ([*native, "-fopenmp"], native, ["-fopenmp"], []):
         done = subprocess.run([cc, *flags, *extra, str(source), "-o", str(tmp), "-lm"], capture_output=True, text=True)
         if done.returncode == 0:
             os.replace(tmp, target)
@@ -84,6 +89,12 @@ def library() -> ctypes.CDLL:
             f.restype = ctypes.c_int
         _loaded["invariant"] = lib
     return _loaded["invariant"]
+
+
+def describe() -> str:
+    """Which road the compiled kernels take on this CPU: "avx512-vnni" (the vector code) or "portable C" (the plain
+    loops: the same formula and order of sums, much slower)."""
+    return "avx512-vnni" if library().w4a8_vector_path() else "portable C"
 
 
 def available() -> bool:

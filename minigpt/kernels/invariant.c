@@ -84,7 +84,11 @@ static inline __m512 add_group(__m512 acc, __m512i dot, __m512 step, __m512 lo, 
     return _mm512_fmadd_ps(lo, _mm512_set1_ps(xs), acc);
 }
 
-static inline __m512i quad(const int8_t *x) { return _mm512_set1_epi32(*(const int32_t *)x); }
+static inline __m512i quad(const int8_t *x) {   /* four activations, broadcast to every lane */
+    int32_t four;
+    memcpy(&four, x, 4);
+    return _mm512_set1_epi32(four);
+}
 
 /* One block of 16 outputs for all rows. ``wb``: the block's packed weights; ``ub``: room for them unpacked. */
 static void block(int rows, int K, int n_valid, const uint8_t *wb, const float *st, const float *lo,
