@@ -67,7 +67,7 @@ def main(argv=None) -> int:
                     help="course only: the draft model of the methods that use one (default the pair's two-layer "
                          "draft; draft1: the earlier one-layer draft, to race the two)")
     ap.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                    help="the target's (and draft's) weights: fp32 (default), or bf16 / int4 / w8a8 on the "
+                    help="the target's (and draft's) weights: fp32 (default), or bf16 / int4 / w8a8 / w4a8 on the "
                          "batch-invariant path (minigpt.precision; CPU only); with --engines, llama.cpp races our "
                          "methods at this precision in the same runs; every record says which ran")
     args = ap.parse_args(argv)

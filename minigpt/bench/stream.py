@@ -297,7 +297,7 @@ def main_stream(argv: list[str]) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                    help="smollm2: the target's weights, fp32 (default) or bf16 / int4 / w8a8 on the batch-invariant "
+                    help="smollm2: the target's weights, fp32 (default) or bf16 / int4 / w8a8 / w4a8 on the batch-invariant "
                          "path (minigpt.precision; CPU only); every speed-up is over plain decoding at the same precision")
     ap.add_argument("--suffix-settings", default=None, metavar="K=V,...",
                     help="changes to the suffix methods' parameters, e.g. max_spec=24,factor=4,min_score=0 (tune them "

@@ -224,8 +224,8 @@ def load_smollm(device: str | torch.device | None = None, dtype: torch.dtype = t
     """SmolLM2-135M-Instruct as a minigpt :class:`GPT` in eval mode, on ``device`` (default
     :func:`minigpt.get_device`) in ``dtype``. ``block_size`` is the longest sequence it will be asked for
     (the file allows 8192); KV caches are sized from it. ``precision``: "fp32" (the file's weights dequantised),
-    or "bf16" / "int4" / "w8a8" on the batch-invariant path (:func:`minigpt.precision.reduce_precision`; int4
-    packs the file's own Q4_1 integers again; CPU only). w8a8 calibrates its smoothing on ``calibration``, token
+    or "bf16" / "int4" / "w8a8" / "w4a8" on the batch-invariant path (:func:`minigpt.precision.reduce_precision`;
+    int4 and w4a8 pack the file's own Q4_1 integers again; CPU only). w8a8 calibrates its smoothing on ``calibration``, token
     id lists: the course's are the development requests, :func:`minigpt.real.request_sets.w8a8_calibration`
     (that module tokenizes with this one, so it is passed in rather than imported here)."""
     if precision == "w8a8" and not calibration:
@@ -359,8 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--stats", action="store_true", help="after each answer: tokens/s, tau and alpha")
     c.add_argument("--device", default=None)
     c.add_argument("--precision", choices=CHAT_PRECISIONS, default="fp32",
-                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 on the batch-invariant "
-                        "path, whose speculative output is bitwise its own plain output (CPU only; w8a8, which "
+                   help="fp32 (default: the file's weights dequantised), or bf16 / int4 / w4a8 on the "
+                        "batch-invariant path (w4a8: our compiled kernels, built once with a C compiler), whose speculative output is bitwise its own plain output (CPU only; w8a8, which "
                         "needs calibration text, is the bench's: python -m minigpt.bench --precision w8a8)")
     args = ap.parse_args(argv)
     try:
