@@ -26,11 +26,12 @@ SMOLLM2_BENCH_PRESETS = {"full": dict(per_kind=None, max_new_tokens=256, repeats
                          "quick": dict(per_kind=1, max_new_tokens=32, repeats=2)}
 
 
-def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=None, eagle: bool = True,
-                   precision: str = "fp32", eagle3: bool = True) -> Models:
+def smollm2_models(device=None, target=None, precision: str = "fp32", needs=None) -> Models:
     """:class:`~minigpt.decoding.registry.Models` for SmolLM2 (the "smollm2" family): the model (``target``, or
-    loaded) and its tokenizer, the shipped draft, Medusa heads, EAGLE and EAGLE-3 heads when present, the depth of
-    the self-speculation draft, and ``<|im_end|>`` as the token that ends an answer."""
+    loaded at ``precision``) and its tokenizer, the installed drafters among ``needs`` (:class:`Models` fields, as
+    :func:`~minigpt.decoding.registry.wanted` gives them; default: every installed one: the shipped draft, Medusa
+    heads, EAGLE and EAGLE-3 heads), the depth of the self-speculation draft, and ``<|im_end|>`` as the token that
+    ends an answer."""
     if target is None:   # w8a8's smoothing is calibrated on the development requests
         target = load_smollm(device, precision=precision,
                              calibration=w8a8_calibration() if precision == "w8a8" else None)
@@ -38,9 +39,7 @@ def smollm2_models(device=None, draft: bool = True, medusa: bool = True, target=
     target.tokenizer = enc
     models = Models(target, early_exit_layers=EARLY_EXIT_LAYERS, eos_id=enc.encode_single_token(STOP),
                     family="smollm2")
-    wanted = [need for need, want in (("draft", draft), ("medusa_heads", medusa), ("eagle_head", eagle),
-                                      ("eagle3_head", eagle3)) if want]
-    return load_drafters(models, wanted)
+    return load_drafters(models, needs)
 
 
 def main_smollm2(args, prog: str, names: list[str], dev) -> int:
@@ -53,9 +52,8 @@ def main_smollm2(args, prog: str, names: list[str], dev) -> int:
     kinds = tuple(k.strip() for k in (args.kinds or ",".join(KINDS)).split(",") if k.strip())
     try:
         prompts = real_prompts(kinds=kinds, per_kind=cfg.pop("per_kind"), split=args.split)
-        needs = wanted(names)
-        models = smollm2_models(dev, draft=True, medusa="medusa_heads" in needs, eagle="eagle_head" in needs,
-                                precision=args.precision, eagle3="eagle3_head" in needs)
+        # the draft always: the engines' and peers' course-draft runs use it
+        models = smollm2_models(dev, precision=args.precision, needs=wanted(names) | {"draft"})
         if args.peers:
             models.hf_target = load_hf_smollm(dev)
         engines = None

@@ -320,10 +320,8 @@ def main_stream(argv: list[str]) -> int:
         else:
             kinds = tuple(k.strip() for k in (args.kinds or ",".join(SMOLLM2_KINDS)).split(","))
             streams = smollm2_streams(args.split, kinds, args.max_new_tokens or 96, args.n_requests)
-            needs = wanted(names)   # what the methods need, and what auto uses when it is installed
-            models = smollm2_models("cpu", draft="draft" in needs, medusa="medusa_heads" in needs,
-                                    eagle="eagle_head" in needs, precision=args.precision,
-                                    eagle3="eagle3_head" in needs)
+            # what the methods need, and what auto uses when it is installed
+            models = smollm2_models("cpu", precision=args.precision, needs=wanted(names))
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"{ap.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
