@@ -37,10 +37,10 @@ several through oneDNN's integer linear) and ``"w4a8"`` (the blocks' weights as 
 inputs rounded to 8 bits with a scale of its own, as llama.cpp does on a CPU, through the compiled kernels of
 :mod:`minigpt.kernels`: a group's products summed in int32, the groups in fp32 in one fixed order, the rows of a
 pass sharing the unpacking of each weight block; its attention in C too, one query row at a time; the output
-layer as in "w8a8", without smoothing). "w4a8" needs a C compiler, used once to build the kernels. The int4 and int8 weight-only
-kernels do most of their work per input row (a 17-row call costs about six one-row calls), so a wide
-verification pass is dear on the int4 path; one integer matmul layer costs about the same for 1 to 33 rows
-(Lesson 13b), at the price of a second rounding (the activations'). A whole w8a8 pass still costs more than a
+layer as in "w8a8", without smoothing). "w4a8" needs a C compiler, used once to build the kernels.
+The int4 and int8 weight-only kernels do most of their work per input row (a 17-row call costs about six
+one-row calls), so a wide verification pass is dear on the int4 path; one integer matmul layer costs about the
+same for 1 to 33 rows (Lesson 13b), at the price of a second rounding (the activations'). A whole w8a8 pass still costs more than a
 one-token step (attention works row by row, and ``torch._int_mm`` reads the weights faster for one row than for
 several): on this course's CPU, one thread, 300 cached positions, a pass over 2, 8 and 16 tokens cost 1.55, 2.24
 and 3.13 one-token steps with several rows through oneDNN's packed integer linear
@@ -57,7 +57,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import quant
+from . import kernels, quant
 from .cache import KVCache
 from .model import GPT, CausalSelfAttention
 from .quant import int4_groups  # noqa: F401  (re-exported: the Q4_1 recovery the int4 path relies on)
@@ -350,14 +350,13 @@ class InvariantAttention(CausalSelfAttention):
 
     def _attend_compiled(self, q, K, V, mask, start: int, max_len: int) -> torch.Tensor:
         """Every query row of ``q`` (B, n_head, T, hs) against its keys, by the compiled kernel: (B, T, C)."""
-        from .kernels import library
         B, H, T, hs = q.shape
         n, ofs, idx = _compiled_keys(mask, start, T)
         q = q.contiguous()
         out = torch.empty(B, T, H, hs)
-        err = library().attend_rows(B, T, H, self.n_kv_head, hs, max_len, q.data_ptr(), K.data_ptr(), V.data_ptr(),
-                                    n.data_ptr(), ofs.data_ptr(), idx.data_ptr(), 1.0 / math.sqrt(hs),
-                                    out.data_ptr(), torch.get_num_threads())
+        err = kernels.library().attend_rows(B, T, H, self.n_kv_head, hs, max_len, q.data_ptr(), K.data_ptr(),
+                                            V.data_ptr(), n.data_ptr(), ofs.data_ptr(), idx.data_ptr(),
+                                            1.0 / math.sqrt(hs), out.data_ptr(), torch.get_num_threads())
         if err:
             raise ValueError(f"the compiled attention refused heads of {hs} numbers or a row of {int(n.max())} keys")
         return out.view(B, T, H * hs)
@@ -413,11 +412,11 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True, calibra
     to 4 its greedy text parted from fp32's within 5 tokens on 6 of 11 held-out requests (perplexity 19.07
     against fp32's 18.13; ``python -m minigpt.quality``). The embeddings, norms and KV cache stay in the model's
     dtype. CPU only: the int4 and int8 kernels are PyTorch's CPU kernels, and "w4a8"'s are C code compiled here
-    (:mod:`minigpt.kernels`; :class:`~minigpt.kernels.KernelUnavailable`, one sentence, without a compiler). A bf16 layer runs its rows in tiles of
-    ``TILE_ROWS`` (the last filled up with zero rows) and sums its input dimension in the widest pieces this build
-    then reduces row-invariantly (:func:`invariant_piece`). For "w8a8", ``calibration`` (token id lists: text
-    like what the model will read, never the text it is judged on) turns on SmoothQuant's smoothing with
-    ``alpha`` (:func:`minigpt.quant.smoothing_factors`): on SmolLM2's development requests it took the greedy
+    (:mod:`minigpt.kernels`; :class:`~minigpt.kernels.KernelUnavailable`, one sentence, without a compiler). A bf16
+    layer runs its rows in tiles of ``TILE_ROWS`` (the last filled up with zero rows) and sums its input dimension
+    in the widest pieces this build then reduces row-invariantly (:func:`invariant_piece`). For "w8a8",
+    ``calibration`` (token id lists: text like what the model will read, never the text it is judged on) turns on
+    SmoothQuant's smoothing with ``alpha`` (:func:`minigpt.quant.smoothing_factors`): on SmolLM2's development requests it took the greedy
     text's share before its first parting from fp32's (64 tokens, 13 requests) from 0.40 without smoothing to 0.58
     at alpha 0.5 and 0.63 at 0.8, and down to 0.39 at 0.9 and 0.25 at 1.0.
     ``model.precision``, ``model.batch_invariant`` and ``model.smoothing`` record what was built
@@ -430,8 +429,7 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True, calibra
     if precision in ("w8a8", "w4a8") and not hasattr(torch, "_int_mm"):
         raise ValueError(f"the {precision} path needs torch._int_mm, which torch {torch.__version__} does not have")
     if precision == "w4a8":
-        from .kernels import library
-        library()     # KernelUnavailable, one sentence, where the compiled kernel cannot be built here
+        kernels.library()     # KernelUnavailable, one sentence, where the compiled kernel cannot be built here
     if model.device.type != "cpu":
         raise ValueError(f"the {precision} path uses PyTorch's CPU kernels: move the model to the CPU first")
     out = copy.deepcopy(model).float().eval()
@@ -458,8 +456,7 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True, calibra
     out.batch_invariant = invariant and invariant_kernels
     out.kernels = None
     if precision == "w4a8":
-        from .kernels import describe
-        out.kernels = describe()                   # the compiled kernels' road on this CPU, for the records
+        out.kernels = kernels.describe()                   # the compiled kernels' road on this CPU, for the records
     out.smoothing = dict(alpha=alpha, sequences=len(calibration)) if maxima else None
     return out
 

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import kernels
 from .model import GPT
 
 KERNELS = ("_weight_int8pack_mm", "_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu")
@@ -233,7 +234,6 @@ class W4A8Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, group: int = 32):
         super().__init__()
-        from . import kernels
         self.lib = kernels.library()
         N, K = weight.shape
         if group != 32 or K % 32:
@@ -255,7 +255,6 @@ class W4A8Linear(nn.Module):
         return state
 
     def __setstate__(self, state):
-        from . import kernels
         self.__dict__.update(state)
         self.lib = kernels.library()
 

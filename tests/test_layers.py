@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minigpt"
 
 # lowest first; a module belongs to the first layer with a matching prefix
 LAYERS = [
-    ("model and its parts", ["device", "model", "cache", "paged", "sampling", "tokenizer", "medusa_heads", "eagle_head", "checkpoint", "quant", "precision"]),
+    ("model and its parts", ["device", "model", "cache", "paged", "sampling", "tokenizer", "medusa_heads", "eagle_head", "checkpoint", "kernels", "quant", "precision"]),
     ("decoding", ["decoding"]),
     ("data and training", ["data", "prompts", "streams", "training"]),
     ("the real-model track", ["real"]),

@@ -5,10 +5,10 @@ One library so far, ``invariant.c``: the row-invariant product of 4-bit weights 
 order that depends on that row alone (:class:`minigpt.precision.InvariantAttention` on that path). PyTorch offers
 no such product on a CPU: its weight-only int4 kernel works row by row (a pass over 17 tokens costs about six
 one-token passes), and an integer matmul takes 8-bit weights only; and its attention, made row-invariant, costs a
-few small calls per query row. The source is plain C (no PyTorch headers), so it compiles in about a second; the library is cached
-under ``$MINIGPT_CACHE`` (default ``~/.cache/minigpt``), keyed by the source, the flags and the machine, and built
-with ``-march=native`` for the CPU it runs on. Without a C compiler :func:`library` raises :class:`KernelUnavailable`
-with one sentence saying so; every other precision needs nothing compiled.
+few small calls per query row. The source is plain C (no PyTorch headers), so it compiles in about a second; the
+library is cached under ``$MINIGPT_CACHE`` (default ``~/.cache/minigpt``), keyed by the source, the flags and the
+machine, and built with ``-march=native`` for the CPU it runs on. Without a C compiler :func:`library` raises
+:class:`KernelUnavailable` with one sentence saying so; every other precision needs nothing compiled.
 """
 from __future__ import annotations
 

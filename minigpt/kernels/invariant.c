@@ -342,7 +342,8 @@ int attend_rows(int B, int T, int n_head, int n_kv, int hs, int max_len, const f
     for (int job = 0; job < jobs; job++) {
         const int b = job / (T * n_head), t = (job / n_head) % T, h = job % n_head, kv = h / g;
         const float *qr = q + (((int64_t)b * n_head + h) * T + t) * hs;
-        const float *kb = k + ((int64_t)b * n_kv + kv) * max_len * hs, *vb = v + ((int64_t)b * n_kv + kv) * max_len * hs;
+        const int64_t head = ((int64_t)b * n_kv + kv) * max_len * hs;
+        const float *kb = k + head, *vb = v + head;
         float *o = out + (((int64_t)b * T + t) * n_head + h) * hs;
         const int L = n[t];
         float *s = malloc(sizeof(float) * (size_t)L);
