@@ -28,23 +28,23 @@ bitwise equal for every k. Each part that reduces is made shape-independent:
   two products);
 * **norms**, activations and residual additions work row by row, element by element.
 
-Precisions: ``"fp32"`` (the course's model, unchanged), ``"bf16"`` (bf16 weights) and ``"int4"`` (the blocks'
-4-bit weights in groups of 32 with a step and a minimum per group, the layout of the GGUF's Q4_1 blocks, through
+Precisions: ``"fp32"`` (the course's model, unchanged), ``"bf16"`` (bf16 weights) and ``"int4"`` (the blocks' 4-bit
+weights in groups of 32 with a step and a minimum per group, the layout of the GGUF's Q4_1 blocks, through
 ``torch.ops.aten._weight_int4pack_mm_for_cpu``; the output layer at 8 bits per row, as the file keeps it),
 ``"w8a8"`` (every linear layer, the output layer too, at 8 bits per weight with a scale per output row, and each
-input row rounded to 8 bits with a scale of its own, summed in int32: one row through ``torch._int_mm``,
-several through oneDNN's integer linear) and ``"w4a8"`` (the blocks' weights as for "int4", each group of 32
-inputs rounded to 8 bits with a scale of its own, as llama.cpp does on a CPU, through the compiled kernels of
+input row rounded to 8 bits with a scale of its own, summed in int32: one row through ``torch._int_mm``, several
+through oneDNN's integer linear) and ``"w4a8"`` (the blocks' weights as for "int4", each group of 32 inputs rounded
+to 8 bits with a scale of its own, as llama.cpp does on a CPU, through the compiled kernels of
 :mod:`minigpt.kernels`: a group's products summed in int32, the groups in fp32 in one fixed order, the rows of a
-pass sharing the unpacking of each weight block; its attention in C too, one query row at a time; the output
-layer as in "w8a8", without smoothing). "w4a8" needs a C compiler, used once to build the kernels.
-The int4 and int8 weight-only kernels do most of their work per input row (a 17-row call costs about six
-one-row calls), so a wide verification pass is dear on the int4 path; one integer matmul layer costs about the
-same for 1 to 33 rows (Lesson 13b), at the price of a second rounding (the activations'). A whole w8a8 pass still costs more than a
-one-token step (attention works row by row, and ``torch._int_mm`` reads the weights faster for one row than for
-several): on this course's CPU, one thread, 300 cached positions, a pass over 2, 8 and 16 tokens cost 1.55, 2.24
-and 3.13 one-token steps with several rows through oneDNN's packed integer linear
-(:class:`~minigpt.quant.W8A8Linear`), against 1.95, 2.65 and 3.57 through ``torch._int_mm``.
+pass sharing the unpacking of each weight block; its attention in C too, one query row at a time; the output layer
+as in "w8a8", without smoothing). "w4a8" needs a C compiler, used once to build the kernels. The int4 and int8
+weight-only kernels do most of their work per input row (a 17-row call costs about six one-row calls), so a wide
+verification pass is dear on the int4 path; one integer matmul layer costs about the same for 1 to 33 rows (Lesson
+13b), at the price of a second rounding (the activations'). A whole w8a8 pass still costs more than a one-token step
+(attention works row by row, and ``torch._int_mm`` reads the weights faster for one row than for several): on this
+course's CPU, one thread, 300 cached positions, a pass over 2, 8 and 16 tokens cost 1.55, 2.24 and 3.13 one-token
+steps with several rows through oneDNN's packed integer linear (:class:`~minigpt.quant.W8A8Linear`), against 1.95,
+2.65 and 3.57 through ``torch._int_mm``.
 Passes wider than ``max_rows`` (a long prompt's prefill) take the ordinary attention: both a plain and a
 speculative run prefill the same prompt the same way.
 """
@@ -408,17 +408,17 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True, calibra
     """A copy of ``model`` with its linear layers (and the output layer) in ``precision`` ("bf16", "int4", "w8a8" or
     "w4a8"; "fp32" returns the model itself) and, with ``invariant``, every attention layer an
     :class:`InvariantAttention`. "int4" puts the blocks' layers at 4 bits and the output layer at 8 bits, one scale
-    per row (:class:`Int8Linear`), as llama.cpp's files keep it: SmolLM2's file stores it at 8 bits, and rounded
-    to 4 its greedy text parted from fp32's within 5 tokens on 6 of 11 held-out requests (perplexity 19.07
-    against fp32's 18.13; ``python -m minigpt.quality``). The embeddings, norms and KV cache stay in the model's
-    dtype. CPU only: the int4 and int8 kernels are PyTorch's CPU kernels, and "w4a8"'s are C code compiled here
+    per row (:class:`Int8Linear`), as llama.cpp's files keep it: SmolLM2's file stores it at 8 bits, and rounded to
+    4 its greedy text parted from fp32's within 5 tokens on 6 of 11 held-out requests (perplexity 19.07 against
+    fp32's 18.13; ``python -m minigpt.quality``). The embeddings, norms and KV cache stay in the model's dtype. CPU
+    only: the int4 and int8 kernels are PyTorch's CPU kernels, and "w4a8"'s are C code compiled here
     (:mod:`minigpt.kernels`; :class:`~minigpt.kernels.KernelUnavailable`, one sentence, without a compiler). A bf16
     layer runs its rows in tiles of ``TILE_ROWS`` (the last filled up with zero rows) and sums its input dimension
     in the widest pieces this build then reduces row-invariantly (:func:`invariant_piece`). For "w8a8",
     ``calibration`` (token id lists: text like what the model will read, never the text it is judged on) turns on
-    SmoothQuant's smoothing with ``alpha`` (:func:`minigpt.quant.smoothing_factors`): on SmolLM2's development requests it took the greedy
-    text's share before its first parting from fp32's (64 tokens, 13 requests) from 0.40 without smoothing to 0.58
-    at alpha 0.5 and 0.63 at 0.8, and down to 0.39 at 0.9 and 0.25 at 1.0.
+    SmoothQuant's smoothing with ``alpha`` (:func:`minigpt.quant.smoothing_factors`): on SmolLM2's development
+    requests it took the greedy text's share before its first parting from fp32's (64 tokens, 13 requests) from 0.40
+    without smoothing to 0.58 at alpha 0.5 and 0.63 at 0.8, and down to 0.39 at 0.9 and 0.25 at 1.0.
     ``model.precision``, ``model.batch_invariant`` and ``model.smoothing`` record what was built
     (batch_invariant is False when a kernel of this build failed the check)."""
     if precision not in PRECISIONS:
