@@ -210,6 +210,23 @@ def test_the_ordinary_int4_path_is_not_batch_invariant_on_smollm2():
     assert batch_consistency(reduce_precision(base, "int4"), prefix, tokens)["bitwise"]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
+def test_the_w4a8_path_is_bitwise_invariant_on_smollm2_for_every_width():
+    """On SmolLM2's real weights, after a cache of 300 tokens: a pass over k tokens gives bitwise the logits of k
+    one-token passes for k = 1 .. 32 on the w4a8 path (its compiled layers and attention)."""
+    smollm = pytest.importorskip("minigpt.real.smollm")
+    if not smollm.gguf_available():
+        pytest.skip("SmolLM2's file is not here: python -m minigpt.real.smollm fetch")
+    model = reduce_precision(smollm.load_smollm("cpu"), "w4a8")
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(0, 49152, (300,), generator=g).tolist()
+    tokens = torch.randint(0, 49152, (32,), generator=g).tolist()
+    for k in range(1, 33):
+        r = batch_consistency(model, prefix, tokens[:k])
+        assert r["bitwise"], (k, r)
+
+
 def test_quality_measures_agreement_and_perplexity():
     from minigpt.quality import greedy_agreement, perplexity
     ref = _model("gpt2")
