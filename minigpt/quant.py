@@ -234,7 +234,7 @@ class W4A8Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, group: int = 32):
         super().__init__()
-        self.lib = kernels.library()
+        kernels.library()                     # KernelUnavailable, one sentence, where it cannot be built
         N, K = weight.shape
         if group != 32 or K % 32:
             raise ValueError(f"the w4a8 kernel takes groups of 32 and an input size divisible by 32, got {K}")
@@ -249,23 +249,15 @@ class W4A8Linear(nn.Module):
         self.group, self.in_features, self.out_features = group, K, N
         self.device = weight.device
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state.pop("lib", None)                     # a loaded library does not copy; a copy loads it again
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self.lib = kernels.library()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         K = self.in_features
         if x.shape[-1] != K:
             raise ValueError(f"W4A8Linear expects inputs of size {K}, got {tuple(x.shape)}")
         x2 = x.reshape(-1, K).float().contiguous()         # the kernel rounds each row's groups to int8 itself
         y = torch.empty(x2.shape[0], self.out_features)
-        err = self.lib.w4a8_linear(x2.shape[0], self.out_features, K, x2.data_ptr(), self.q.data_ptr(),
-                                   self.step.data_ptr(), self.lo.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        err = kernels.library().w4a8_linear(x2.shape[0], self.out_features, K, x2.data_ptr(), self.q.data_ptr(),
+                                            self.step.data_ptr(), self.lo.data_ptr(), y.data_ptr(),
+                                            torch.get_num_threads())
         if err:
             raise MemoryError(f"the w4a8 kernel could not allocate its buffers for {x2.shape[0]} rows")
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)

@@ -90,24 +90,34 @@ static inline __m512i quad(const int8_t *x) {   /* four activations, broadcast t
     return _mm512_set1_epi32(four);
 }
 
+/* Weight register i of a block: from ``ub`` where the block was unpacked once for several rows, else unpacked now. */
+static inline __m512i weights(const uint8_t *wb, const uint8_t *ub, int i) {
+    return ub ? _mm512_loadu_si512(ub + 64 * i) : unpack(wb + 32 * i);
+}
+
+/* One row (its int8 activations ``x``, group scales ``dx``, ``xs``) against one block of 16 outputs, into y. */
+static void one_row(int G, const uint8_t *wb, const uint8_t *ub, const float *st, const float *lo, const int8_t *x,
+                    const float *dx, const float *xs, float *y, __mmask16 store) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+        for (int j = 0; j < QUADS; j += 2) {
+            d0 = _mm512_dpbusd_epi32(d0, weights(wb, ub, g * QUADS + j), quad(x + 32 * g + 4 * j));
+            d1 = _mm512_dpbusd_epi32(d1, weights(wb, ub, g * QUADS + j + 1), quad(x + 32 * g + 4 * j + 4));
+        }
+        acc = add_group(acc, _mm512_add_epi32(d0, d1), _mm512_loadu_ps(st + LANES * g),
+                        _mm512_loadu_ps(lo + LANES * g), dx[g], xs[g]);
+    }
+    _mm512_mask_storeu_ps(y, store, acc);
+}
+
 /* One block of 16 outputs for all rows. ``wb``: the block's packed weights; ``ub``: room for them unpacked. */
 static void block(int rows, int K, int n_valid, const uint8_t *wb, const float *st, const float *lo,
                   const int8_t *xq, const float *dx, const float *xs, float *y, int N, uint8_t *ub) {
     const int G = K / 32;
     const __mmask16 store = n_valid >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << n_valid) - 1);
     if (rows == 1) {                       /* a one-token step: unpack as it goes, nothing to share */
-        __m512 acc = _mm512_setzero_ps();
-        for (int g = 0; g < G; g++) {
-            const int8_t *x = xq + 32 * g;
-            __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
-            for (int j = 0; j < QUADS; j += 2) {
-                d0 = _mm512_dpbusd_epi32(d0, unpack(wb + (g * QUADS + j) * 32), quad(x + 4 * j));
-                d1 = _mm512_dpbusd_epi32(d1, unpack(wb + (g * QUADS + j + 1) * 32), quad(x + 4 * j + 4));
-            }
-            acc = add_group(acc, _mm512_add_epi32(d0, d1), _mm512_loadu_ps(st + LANES * g),
-                            _mm512_loadu_ps(lo + LANES * g), dx[g], xs[g]);
-        }
-        _mm512_mask_storeu_ps(y, store, acc);
+        one_row(G, wb, NULL, st, lo, xq, dx, xs, y, store);
         return;
     }
     for (int i = 0; i < G * QUADS; i++)
@@ -131,20 +141,9 @@ static void block(int rows, int K, int n_valid, const uint8_t *wb, const float *
         for (int i = 0; i < ROWS_AT_ONCE; i++)
             _mm512_mask_storeu_ps(y + (int64_t)(r + i) * N, store, acc[i]);
     }
-    for (; r < rows; r++) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int g = 0; g < G; g++) {
-            __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
-            const int8_t *x = xq + (int64_t)r * K + 32 * g;
-            for (int j = 0; j < QUADS; j += 2) {
-                d0 = _mm512_dpbusd_epi32(d0, _mm512_loadu_si512(ub + 64 * (g * QUADS + j)), quad(x + 4 * j));
-                d1 = _mm512_dpbusd_epi32(d1, _mm512_loadu_si512(ub + 64 * (g * QUADS + j + 1)), quad(x + 4 * j + 4));
-            }
-            acc = add_group(acc, _mm512_add_epi32(d0, d1), _mm512_loadu_ps(st + LANES * g),
-                            _mm512_loadu_ps(lo + LANES * g), dx[(int64_t)r * G + g], xs[(int64_t)r * G + g]);
-        }
-        _mm512_mask_storeu_ps(y + (int64_t)r * N, store, acc);
-    }
+    for (; r < rows; r++)
+        one_row(G, wb, ub, st, lo, xq + (int64_t)r * K, dx + (int64_t)r * G, xs + (int64_t)r * G,
+                y + (int64_t)r * N, store);
 }
 #else
 static void block(int rows, int K, int n_valid, const uint8_t *wb, const float *st, const float *lo,
