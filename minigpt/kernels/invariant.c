@@ -13,8 +13,9 @@
    Why a row's result cannot depend on how many rows share the call: a group's products are summed in int32, which
    is exact, so in whatever order and in however many partial sums; the groups' scaled sums are then added in fp32
    in one fixed order (g = 0, 1, ...: a multiply, a fused multiply-add for the step's share and one for the
-   minimum's), the same operations for every row whatever the number of rows. What the rows share is the unpacking
-   of each block of weights, which is why a pass over several tokens costs less than that many one-token passes.
+   minimum's), the same operations for every row whatever the number of rows. What the rows share is each unpacked
+   register of weights, used by up to eight rows in turn: that is why a pass over several tokens costs less than that
+   many one-token passes.
 
    Layout: outputs in blocks of 16 (the 16 fp32 lanes of a 512-bit register, one output per lane). For block b,
    group g and quad j (inputs 4j .. 4j + 3 of the group), 32 bytes: byte 4i + t holds the weight of output i, input
@@ -39,7 +40,6 @@
 
 #define LANES 16
 #define QUADS 8            /* quads of 4 inputs in a group of 32 */
-#define ROWS_AT_ONCE 4
 
 int w4a8_vector_path(void) { return W4A8_VNNI; }
 
@@ -90,66 +90,53 @@ static inline __m512i quad(const int8_t *x) {   /* four activations, broadcast t
     return _mm512_set1_epi32(four);
 }
 
-/* Weight register i of a block: from ``ub`` where the block was unpacked once for several rows, else unpacked now. */
-static inline __m512i weights(const uint8_t *wb, const uint8_t *ub, int i) {
-    return ub ? _mm512_loadu_si512(ub + 64 * i) : unpack(wb + 32 * i);
-}
-
-/* One row (its int8 activations ``x``, group scales ``dx``, ``xs``) against one block of 16 outputs, into y. */
-static void one_row(int G, const uint8_t *wb, const uint8_t *ub, const float *st, const float *lo, const int8_t *x,
-                    const float *dx, const float *xs, float *y, __mmask16 store) {
-    __m512 acc = _mm512_setzero_ps();
+/* R rows (R a constant where it is called: 8, 4, 2 or 1) against one block of 16 outputs, into y: each weight
+   register is unpacked once and meets the R rows' activations, each row's sums in two chains (even and odd quads,
+   added at the end: integers, so exactly the group's sum) so that their products overlap in time. */
+static inline __attribute__((always_inline)) void rows_at_once(const int R, int G, int K, int N, const uint8_t *wb,
+        const float *st, const float *lo, const int8_t *xq, const float *dx, const float *xs, float *y,
+        __mmask16 store) {
+    __m512 acc[8];
+    for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
-        __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+        __m512i d0[8], d1[8];
+        for (int i = 0; i < R; i++) d0[i] = d1[i] = _mm512_setzero_si512();
         for (int j = 0; j < QUADS; j += 2) {
-            d0 = _mm512_dpbusd_epi32(d0, weights(wb, ub, g * QUADS + j), quad(x + 32 * g + 4 * j));
-            d1 = _mm512_dpbusd_epi32(d1, weights(wb, ub, g * QUADS + j + 1), quad(x + 32 * g + 4 * j + 4));
+            const __m512i w0 = unpack(wb + 32 * (g * QUADS + j)), w1 = unpack(wb + 32 * (g * QUADS + j + 1));
+            for (int i = 0; i < R; i++) {
+                const int8_t *x = xq + (int64_t)i * K + 32 * g + 4 * j;
+                d0[i] = _mm512_dpbusd_epi32(d0[i], w0, quad(x));
+                d1[i] = _mm512_dpbusd_epi32(d1[i], w1, quad(x + 4));
+            }
         }
-        acc = add_group(acc, _mm512_add_epi32(d0, d1), _mm512_loadu_ps(st + LANES * g),
-                        _mm512_loadu_ps(lo + LANES * g), dx[g], xs[g]);
+        const __m512 s = _mm512_loadu_ps(st + LANES * g), l = _mm512_loadu_ps(lo + LANES * g);
+        for (int i = 0; i < R; i++)
+            acc[i] = add_group(acc[i], _mm512_add_epi32(d0[i], d1[i]), s, l, dx[(int64_t)i * G + g],
+                               xs[(int64_t)i * G + g]);
     }
-    _mm512_mask_storeu_ps(y, store, acc);
+    for (int i = 0; i < R; i++)
+        _mm512_mask_storeu_ps(y + (int64_t)i * N, store, acc[i]);
 }
 
-/* One block of 16 outputs for all rows. ``wb``: the block's packed weights; ``ub``: room for them unpacked. */
+/* One block of 16 outputs (``wb``: its packed weights) for all rows, eight at a time, then four, two, one: a row's
+   arithmetic is the same whichever rows share its call. */
 static void block(int rows, int K, int n_valid, const uint8_t *wb, const float *st, const float *lo,
-                  const int8_t *xq, const float *dx, const float *xs, float *y, int N, uint8_t *ub) {
+                  const int8_t *xq, const float *dx, const float *xs, float *y, int N) {
     const int G = K / 32;
     const __mmask16 store = n_valid >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << n_valid) - 1);
-    if (rows == 1) {                       /* a one-token step: unpack as it goes, nothing to share */
-        one_row(G, wb, NULL, st, lo, xq, dx, xs, y, store);
-        return;
-    }
-    for (int i = 0; i < G * QUADS; i++)
-        _mm512_storeu_si512(ub + 64 * i, unpack(wb + 32 * i));
     int r = 0;
-    for (; r + ROWS_AT_ONCE <= rows; r += ROWS_AT_ONCE) {
-        __m512 acc[ROWS_AT_ONCE];
-        for (int i = 0; i < ROWS_AT_ONCE; i++) acc[i] = _mm512_setzero_ps();
-        for (int g = 0; g < G; g++) {
-            __m512i dot[ROWS_AT_ONCE];
-            for (int i = 0; i < ROWS_AT_ONCE; i++) dot[i] = _mm512_setzero_si512();
-            for (int j = 0; j < QUADS; j++) {
-                __m512i w = _mm512_loadu_si512(ub + 64 * (g * QUADS + j));
-                for (int i = 0; i < ROWS_AT_ONCE; i++)
-                    dot[i] = _mm512_dpbusd_epi32(dot[i], w, quad(xq + (int64_t)(r + i) * K + 32 * g + 4 * j));
-            }
-            __m512 s = _mm512_loadu_ps(st + LANES * g), l = _mm512_loadu_ps(lo + LANES * g);
-            for (int i = 0; i < ROWS_AT_ONCE; i++)
-                acc[i] = add_group(acc[i], dot[i], s, l, dx[(int64_t)(r + i) * G + g], xs[(int64_t)(r + i) * G + g]);
-        }
-        for (int i = 0; i < ROWS_AT_ONCE; i++)
-            _mm512_mask_storeu_ps(y + (int64_t)(r + i) * N, store, acc[i]);
-    }
-    for (; r < rows; r++)
-        one_row(G, wb, ub, st, lo, xq + (int64_t)r * K, dx + (int64_t)r * G, xs + (int64_t)r * G,
-                y + (int64_t)r * N, store);
+#define ROWS(R) rows_at_once(R, G, K, N, wb, st, lo, xq + (int64_t)r * K, dx + (int64_t)r * G, xs + (int64_t)r * G, \
+                             y + (int64_t)r * N, store)
+    for (; r + 8 <= rows; r += 8) ROWS(8);
+    if (r + 4 <= rows) { ROWS(4); r += 4; }
+    if (r + 2 <= rows) { ROWS(2); r += 2; }
+    if (r < rows) ROWS(1);
+#undef ROWS
 }
 #else
 static void block(int rows, int K, int n_valid, const uint8_t *wb, const float *st, const float *lo,
-                  const int8_t *xq, const float *dx, const float *xs, float *y, int N, uint8_t *ub) {
+                  const int8_t *xq, const float *dx, const float *xs, float *y, int N) {
     const int G = K / 32;
-    (void)ub;
     for (int r = 0; r < rows; r++) {
         float acc[LANES] = {0};
         for (int g = 0; g < G; g++) {
@@ -184,27 +171,19 @@ int w4a8_linear(int rows, int N, int K, const float *x, const uint8_t *wq, const
     if (K <= 0 || K % 32)
         return -1;
     const int G = K / 32, blocks = (N + LANES - 1) / LANES;
-    const int teams = threads > 0 ? threads : 1;
     int8_t *xq = malloc((size_t)rows * K);
     float *dx = malloc(sizeof(float) * (size_t)rows * G), *xs = malloc(sizeof(float) * (size_t)rows * G);
-    uint8_t *ub = rows > 1 ? malloc((size_t)teams * G * QUADS * 64) : NULL;   /* each thread's unpacked block */
-    int failed = !xq || !dx || !xs || (rows > 1 && !ub);
+    const int failed = !xq || !dx || !xs;
     if (!failed) {
         quantize_rows(rows, K, x, xq, dx, xs);
+        (void)threads;
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(teams) schedule(static)
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
 #endif
-        for (int b = 0; b < blocks; b++) {
-            int team = 0;
-#ifdef _OPENMP
-            team = omp_get_thread_num();
-#endif
+        for (int b = 0; b < blocks; b++)
             block(rows, K, N - b * LANES, wq + (int64_t)b * G * QUADS * 32, step + (int64_t)b * G * LANES,
-                  lo + (int64_t)b * G * LANES, xq, dx, xs, y + (int64_t)b * LANES, N,
-                  ub ? ub + (size_t)team * G * QUADS * 64 : NULL);
-        }
+                  lo + (int64_t)b * G * LANES, xq, dx, xs, y + (int64_t)b * LANES, N);
     }
-    free(ub);
     free(xq); free(dx); free(xs);
     return failed ? -2 : 0;
 }
@@ -216,9 +195,12 @@ int w4a8_linear(int rows, int N, int K, const float *x, const uint8_t *wq, const
    For each sequence b, query row t and head h (key head h / (n_head / n_kv)): the row's keys are the cache slots
    0 .. n[t] - 1, or, where ofs[t] >= 0, the n[t] slots idx[ofs[t]] ... (a token tree's node: its ancestors and
    itself, in order). scores s_j = (q . k_j) * scale, each dot product summed in 16 partial sums over the head's
-   numbers, then those in order; softmax with the row's own maximum, the exponentials summed key by key in order;
-   out = (sum_j p_j v_j) / (sum_j p_j), the weighted values added key by key in order. Nothing here depends on the
-   number of rows or on the other rows, so a k-token pass gives each row the bits of a one-token step.
+   numbers, then those 16 added pairwise (the vector road, lanes i and i + 8 first) or in order (the portable road);
+   softmax with the row's own maximum, the exponentials summed in 16 partial sums (key j in lane j mod 16) then
+   pairwise, or key by key (portable); out = (sum_j p_j v_j) / (sum_j p_j), the weighted values added key by key in
+   order. Nothing here depends on the number of rows or on the other rows (the vector road computes sixteen keys'
+   dot products side by side and the heads that share a key head side by side, each in its own order), so a
+   k-token pass gives each row the bits of a one-token step.
 
    exp: our own, exp(x) = 2^i * p(f) with x log2(e) = i + f, f in [-0.5, 0.5], p a degree-6 polynomial (relative
    error below 2e-7 on the range softmax uses, x <= 0): plain arithmetic, so the compiler can run it 16 at a time,
@@ -258,41 +240,64 @@ static inline __m512 exp_neg16(__m512 x) {      /* exp_neg, 16 at a time, the sa
     __m512 e = _mm512_scalef_ps(p, i);
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ), e, _mm512_setzero_ps());
 }
+
+/* Sixteen vectors of 16 partial sums, each summed to one number in one register (lane u: the sum of p[u]), pairing
+   lanes as _mm512_reduce_add_ps does (i with i + 8, then i with i + 4, i + 2, i + 1), so each sum has the bits of
+   reducing that vector alone: a transposition, with one addition where reducing them one by one spends four. */
+static inline __m512 sums16(const __m512 p[16]) {
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)      /* a[i]: p[2i]'s lanes i + (i + 8) in its low half, p[2i + 1]'s in its high */
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)      /* b[i]: 128-bit lane k holds p[4i + k]'s four sums of lanes i and i + 4 */
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)      /* c[i]: lane k holds p[8i + k]'s two sums, then p[8i + 4 + k]'s */
+        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* lane 4k + m holds the sum of p[k + 4m]; put it in lane k + 4m */
+    const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), d);
+}
 #endif
 
-/* One query row of one head against its L keys (slots 0 .. L - 1, or ``slots``): the attention output into o. */
-static void softmax_row(const float *qr, const float *kb, const float *vb, int hs, int L, const int32_t *slots,
-                        float scale, float *s, float *o) {
-    float best = -INFINITY;
+/* One query row of one head against its L keys (slots 0 .. L - 1, or ``slots``): the softmax weights unnormalised,
+   s[j] = exp(score_j - the largest score), into s; returns their sum. */
+static float weights_row(const float *qr, const float *kb, int hs, int L, const int32_t *slots, float scale,
+                         float *s) {
 #if W4A8_VNNI
-    for (int j = 0; j < L; j++) {
-        const float *kr = kb + (int64_t)(slots ? slots[j] : j) * hs;
-        __m512 part = _mm512_mul_ps(_mm512_loadu_ps(qr), _mm512_loadu_ps(kr));
-        for (int d = 16; d < hs; d += 16)
-            part = _mm512_fmadd_ps(_mm512_loadu_ps(qr + d), _mm512_loadu_ps(kr + d), part);
-        s[j] = _mm512_reduce_add_ps(part) * scale;
-        best = s[j] > best ? s[j] : best;
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < L; j += 16) {           /* sixteen keys at a time */
+        const int keys = L - j < 16 ? L - j : 16;
+        const float *kr[16];
+        __m512 part[16];
+        for (int u = 0; u < 16; u++) {        /* a missing key (past L) repeats the last one; its sum is not kept */
+            const int key = j + (u < keys ? u : keys - 1);
+            kr[u] = kb + (int64_t)(slots ? slots[key] : key) * hs;
+            part[u] = _mm512_mul_ps(_mm512_loadu_ps(qr), _mm512_loadu_ps(kr[u]));
+        }
+        for (int d = 16; d < hs; d += 16) {   /* the sixteen keys' sums side by side, each in its own order */
+            const __m512 qd = _mm512_loadu_ps(qr + d);
+            for (int u = 0; u < 16; u++)
+                part[u] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(kr[u] + d), part[u]);
+        }
+        const __mmask16 m = keys == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << keys) - 1);
+        const __m512 scores = _mm512_mul_ps(sums16(part), _mm512_set1_ps(scale));
+        _mm512_mask_storeu_ps(s + j, m, scores);
+        top = _mm512_mask_max_ps(top, m, top, scores);
     }
-    __m512 top = _mm512_set1_ps(best), sum = _mm512_setzero_ps();
+    top = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 sum = _mm512_setzero_ps();
     for (int j = 0; j < L; j += 16) {
         __mmask16 m = L - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - j)) - 1);
         __m512 e = exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), top));
         _mm512_mask_storeu_ps(s + j, m, e);
         sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
     }
-    const float total = _mm512_reduce_add_ps(sum);
-    __m512 acc[MAX_HS / 16];
-    for (int d = 0; d < hs; d += 16) acc[d / 16] = _mm512_setzero_ps();
-    for (int j = 0; j < L; j++) {
-        const float *vr = vb + (int64_t)(slots ? slots[j] : j) * hs;
-        __m512 pj = _mm512_set1_ps(s[j]);
-        for (int d = 0; d < hs; d += 16)
-            acc[d / 16] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + d), acc[d / 16]);
-    }
-    __m512 inv = _mm512_set1_ps(1.0f / total);
-    for (int d = 0; d < hs; d += 16)
-        _mm512_storeu_ps(o + d, _mm512_mul_ps(acc[d / 16], inv));
+    return _mm512_reduce_add_ps(sum);
 #else
+    float best = -INFINITY;
     for (int j = 0; j < L; j++) {
         const float *kr = kb + (int64_t)(slots ? slots[j] : j) * hs;
         float part[16] = {0};
@@ -305,24 +310,61 @@ static void softmax_row(const float *qr, const float *kb, const float *vb, int h
         s[j] = dot * scale;
         best = s[j] > best ? s[j] : best;
     }
-    float total = 0.0f, acc[MAX_HS] = {0};
+    float total = 0.0f;
     for (int j = 0; j < L; j++) {
         s[j] = exp_neg(s[j] - best);
         total += s[j];
     }
-    for (int j = 0; j < L; j++) {
-        const float *vr = vb + (int64_t)(slots ? slots[j] : j) * hs;
-        for (int d = 0; d < hs; d++)
-            acc[d] = fmaf(s[j], vr[d], acc[d]);
+    return total;
+#endif
+}
+
+#define GROUP 4     /* query heads of one key head whose weighted sums run side by side */
+
+/* The outputs of ``heads`` (1 .. GROUP) query heads of one row that share the key head: o[h] = (sum over j, in
+   order, of s[h * L + j] v_j) / total[h]. Each head's sums are its own, whichever heads run beside it. */
+static void weighted_values(int heads, const float *s, const float *total, const float *vb, int hs, int L,
+                            const int32_t *slots, float *const *o) {
+#if W4A8_VNNI
+    for (int d0 = 0; d0 < hs; d0 += 64) {    /* 64 of the head's numbers at a time, the sums kept in registers */
+        const int regs = hs - d0 < 64 ? (hs - d0) / 16 : 4;
+        __m512 a[GROUP][4];
+        for (int h = 0; h < GROUP; h++)
+            for (int r = 0; r < 4; r++) a[h][r] = _mm512_setzero_ps();
+        for (int j = 0; j < L; j++) {
+            const float *vr = vb + (int64_t)(slots ? slots[j] : j) * hs + d0;
+            __m512 vj[4];
+            for (int r = 0; r < 4; r++) vj[r] = r < regs ? _mm512_loadu_ps(vr + 16 * r) : _mm512_setzero_ps();
+            for (int h = 0; h < GROUP; h++) {
+                if (h >= heads) break;
+                const __m512 p = _mm512_set1_ps(s[(int64_t)h * L + j]);
+                for (int r = 0; r < 4; r++) a[h][r] = _mm512_fmadd_ps(p, vj[r], a[h][r]);
+            }
+        }
+        for (int h = 0; h < heads; h++) {
+            const __m512 inv = _mm512_set1_ps(1.0f / total[h]);
+            for (int r = 0; r < regs; r++) _mm512_storeu_ps(o[h] + d0 + 16 * r, _mm512_mul_ps(a[h][r], inv));
+        }
     }
-    const float inv = 1.0f / total;
-    for (int d = 0; d < hs; d++)
-        o[d] = acc[d] * inv;
+#else
+    for (int h = 0; h < heads; h++) {
+        float acc[MAX_HS] = {0};
+        for (int j = 0; j < L; j++) {
+            const float *vr = vb + (int64_t)(slots ? slots[j] : j) * hs;
+            for (int d = 0; d < hs; d++)
+                acc[d] = fmaf(s[(int64_t)h * L + j], vr[d], acc[d]);
+        }
+        const float inv = 1.0f / total[h];
+        for (int d = 0; d < hs; d++)
+            o[h][d] = acc[d] * inv;
+    }
 #endif
 }
 
 /* q: (B, n_head, T, hs) contiguous; k, v: (B, n_kv, max_len, hs); n, ofs: (T,); idx: the tree rows' slots;
-   out: (B, T, n_head, hs). Returns 0; -1 for sizes beyond MAX_KEYS / MAX_HS or a head count n_kv does not divide. */
+   out: (B, T, n_head, hs). Returns 0; -1 for sizes beyond MAX_KEYS / MAX_HS or a head count n_kv does not divide;
+   -2 if out of memory. One job per (sequence, row, key head): its query heads' weights one by one, then their
+   weighted values GROUP heads at a time, which read each value row once for those heads. */
 int attend_rows(int B, int T, int n_head, int n_kv, int hs, int max_len, const float *q, const float *k,
                 const float *v, const int32_t *n, const int32_t *ofs, const int32_t *idx, float scale, float *out,
                 int threads) {
@@ -332,22 +374,31 @@ int attend_rows(int B, int T, int n_head, int n_kv, int hs, int max_len, const f
         if (n[t] <= 0 || n[t] > MAX_KEYS || n[t] > max_len)
             return -1;
     const int g = n_head / n_kv;
-    const int jobs = B * T * n_head;
+    const int jobs = B * T * n_kv;
     int failed = 0;
     (void)threads;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static) reduction(| : failed)
 #endif
     for (int job = 0; job < jobs; job++) {
-        const int b = job / (T * n_head), t = (job / n_head) % T, h = job % n_head, kv = h / g;
-        const float *qr = q + (((int64_t)b * n_head + h) * T + t) * hs;
+        const int b = job / (T * n_kv), t = (job / n_kv) % T, kv = job % n_kv;
         const int64_t head = ((int64_t)b * n_kv + kv) * max_len * hs;
         const float *kb = k + head, *vb = v + head;
-        float *o = out + (((int64_t)b * T + t) * n_head + h) * hs;
         const int L = n[t];
-        float *s = malloc(sizeof(float) * (size_t)L);
+        const int32_t *slots = ofs[t] < 0 ? NULL : idx + ofs[t];
+        float *s = malloc(sizeof(float) * (size_t)L * GROUP);
         if (!s) { failed = 1; continue; }
-        softmax_row(qr, kb, vb, hs, L, ofs[t] < 0 ? NULL : idx + ofs[t], scale, s, o);
+        for (int h0 = kv * g; h0 < (kv + 1) * g; h0 += GROUP) {
+            const int heads = (kv + 1) * g - h0 < GROUP ? (kv + 1) * g - h0 : GROUP;
+            float total[GROUP];
+            float *o[GROUP];
+            for (int i = 0; i < heads; i++) {
+                const float *qr = q + (((int64_t)b * n_head + h0 + i) * T + t) * hs;
+                total[i] = weights_row(qr, kb, hs, L, slots, scale, s + (int64_t)i * L);
+                o[i] = out + (((int64_t)b * T + t) * n_head + h0 + i) * hs;
+            }
+            weighted_values(heads, s, total, vb, hs, L, slots, o);
+        }
         free(s);
     }
     return failed ? -2 : 0;
