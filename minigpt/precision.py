@@ -36,8 +36,9 @@ input row rounded to 8 bits with a scale of its own, summed in int32: one row th
 through oneDNN's integer linear) and ``"w4a8"`` (the blocks' weights as for "int4", each group of 32 inputs rounded
 to 8 bits with a scale of its own, as llama.cpp does on a CPU, through the compiled kernels of
 :mod:`minigpt.kernels`: a group's products summed in int32, the groups in fp32 in one fixed order, the rows of a
-pass sharing the unpacking of each weight block; its attention in C too, one query row at a time; the output layer
-as in "w8a8", without smoothing). "w4a8" needs a C compiler, used once to build the kernels. The int4 and int8
+pass sharing each unpacked register of weights; its attention in C too, one query row at a time; the output layer
+as the file stores it, 8-bit groups of 32 with a scale each (Q8_0), times the same 8-bit activation groups,
+:class:`Q8A8Linear`). "w4a8" needs a C compiler, used once to build the kernels. The int4 and int8
 weight-only kernels do most of their work per input row (a 17-row call costs about six one-row calls), so a wide
 verification pass is dear on the int4 path; one integer matmul layer costs about the same for 1 to 33 rows (Lesson
 13b), at the price of a second rounding (the activations'). A whole w8a8 pass still costs more than a one-token step
@@ -199,6 +200,15 @@ class W4A8Linear(_Bias, quant.W4A8Linear):
         self._keep_bias(linear)
 
 
+class Q8A8Linear(_Bias, quant.Q8A8Linear):
+    """:class:`minigpt.quant.Q8A8Linear` (8-bit weights in Q8_0 groups, 8-bit activation groups, the compiled
+    row-invariant kernel) with a bias."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear.weight)
+        self._keep_bias(linear)
+
+
 class W8A8Linear(_Bias, quant.W8A8Linear):
     """:class:`minigpt.quant.W8A8Linear` (8-bit weights and activations, integer products and sums) with a bias;
     ``packed``: passes of several rows through oneDNN's integer linear where the build has it (the same sums)."""
@@ -230,7 +240,7 @@ def input_maxima(model: GPT, sequences) -> dict[str, torch.Tensor]:
 
 def _layer(kind: str, linear: nn.Linear, piece: int | None, smooth: torch.Tensor | None = None) -> nn.Module:
     """``linear`` through the ``kind`` kernel ("bf16" summed in slices of ``piece`` inputs, "int4", "int8",
-    "w8a8" with the smoothing factors ``smooth``, if any)."""
+    "w8a8" with the smoothing factors ``smooth``, if any, "w4a8", "q8a8")."""
     if kind == "bf16":
         # wider calls (prefills) run at their own shape, as the attention does
         return Bf16Linear(linear, piece, rows=TILE_ROWS, max_rows=InvariantAttention.max_rows)
@@ -238,6 +248,8 @@ def _layer(kind: str, linear: nn.Linear, piece: int | None, smooth: torch.Tensor
         return W8A8Linear(linear, smooth, packed=True)
     if kind == "w4a8":
         return W4A8Linear(linear)
+    if kind == "q8a8":
+        return Q8A8Linear(linear)
     return Int4Linear(linear) if kind == "int4" else Int8Linear(linear)
 
 
@@ -441,7 +453,7 @@ def reduce_precision(model: GPT, precision: str, invariant: bool = True, calibra
                 width = child.weight.shape[1]
                 kind = precision                                                   # w8a8: all layers
                 if child is out.lm_head and precision in ("int4", "w4a8"):   # the output layer at 8 bits
-                    kind = "int8" if precision == "int4" else "w8a8"
+                    kind = "int8" if precision == "int4" else "q8a8"
                 piece = invariant_piece(kind, width) if invariant else None
                 invariant_kernels &= piece is not None
                 full = f"{prefix}.{name}" if prefix else name

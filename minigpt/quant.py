@@ -263,6 +263,42 @@ class W4A8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
+class Q8A8Linear(nn.Module):
+    """``x @ W.T`` with W in 8-bit groups of 32 inputs (one scale per group, a GGUF file's Q8_0 blocks: where the
+    file stores a layer so, as SmolLM2's stores its output layer, the groups are recovered exactly) and each group of
+    32 inputs of a row rounded to int8 with a scale of its own (:func:`int8_groups`), through the compiled kernel of
+    ``minigpt/kernels/invariant.c``: a group's products summed in int32, the groups' scaled sums added in fp32 in
+    one fixed order, so a row's result does not depend on how many rows share the call (llama.cpp's Q8_0 x Q8
+    product). Needs an input size divisible by 32."""
+
+    def __init__(self, weight: torch.Tensor, group: int = 32):
+        super().__init__()
+        kernels.library()                     # KernelUnavailable, one sentence, where it cannot be built
+        N, K = weight.shape
+        if group != 32 or K % 32:
+            raise ValueError(f"the q8a8 kernel takes groups of 32 and an input size divisible by 32, got {K}")
+        q, scale = int8_groups(weight.detach().float().cpu(), group)      # (N, K) int8, (N, G)
+        G, Np = K // 32, -(-N // 16) * 16                 # outputs in blocks of 16, the last filled with zeros
+        u = (F.pad(q.to(torch.int16), (0, 0, 0, Np - N)) + 128).to(torch.uint8)     # q + 128: 0..255
+        # (block, output i, group, quad j, t) -> (block, group, quad, 4i + t): lane i holds output i's quad
+        self.q = u.reshape(Np // 16, 16, G, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
+        self.scale = F.pad(scale.float(), (0, 0, 0, Np - N)).reshape(Np // 16, 16, G).transpose(1, 2).contiguous()
+        self.group, self.in_features, self.out_features = group, K, N
+        self.device = weight.device
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        K = self.in_features
+        if x.shape[-1] != K:
+            raise ValueError(f"Q8A8Linear expects inputs of size {K}, got {tuple(x.shape)}")
+        x2 = x.reshape(-1, K).float().contiguous()
+        y = torch.empty(x2.shape[0], self.out_features)
+        err = kernels.library().q8a8_linear(x2.shape[0], self.out_features, K, x2.data_ptr(), self.q.data_ptr(),
+                                            self.scale.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        if err:
+            raise MemoryError(f"the q8a8 kernel could not allocate its buffers for {x2.shape[0]} rows")
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
 def smoothing_factors(weight: torch.Tensor, input_max: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
     """SmoothQuant's per-input-channel factors (Xiao et al. 2023): ``input_max[j] ** alpha / max_i |W[i, j]| **
     (1 - alpha)``, where ``input_max`` is the largest |input| seen in channel j on calibration text. Dividing the

@@ -1,6 +1,6 @@
-"""The compiled kernels of the w4a8 path (minigpt.kernels): the 4-bit x 8-bit product computes its formula, the
-attention computes softmax attention, and both give a row the same bits whatever rows share the call; without a
-compiler the path says so in one sentence."""
+"""The compiled kernels of the w4a8 path (minigpt.kernels): the 4-bit x 8-bit and 8-bit x 8-bit products compute
+their formulas, the attention computes softmax attention, and each gives a row the same bits whatever rows share the
+call; without a compiler the path says so in one sentence."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minigpt import kernels
-from minigpt.quant import W4A8Linear, int4_groups, int8_groups
+from minigpt.quant import Q8A8Linear, W4A8Linear, int4_groups, int8_groups
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler for the kernels")
 
@@ -42,6 +42,48 @@ def test_the_product_is_its_formula_and_rows_do_not_meet(N, K):
         assert torch.equal(layer(x[:rows]), alone[:rows]), rows
 
 
+def _reference_q8(layer_weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Q8_0's formula in float64: int8 weights with a scale per group of 32 times the activations rounded likewise."""
+    N, K = layer_weight.shape
+    q, scale = int8_groups(layer_weight)
+    w = (q.double().reshape(N, K // 32, 32) * scale.double()[..., None]).reshape(N, K)
+    xq, xs = int8_groups(x)
+    return (xq.double().reshape(x.shape[0], -1, 32) * xs.double()[..., None]).reshape(x.shape) @ w.T
+
+
+@pytest.mark.parametrize("N,K", [(48, 64), (50, 96), (7, 32), (200, 576)])
+def test_the_8_bit_product_is_its_formula_and_rows_do_not_meet(N, K):
+    g = torch.Generator().manual_seed(N + K)
+    w = torch.randn(N, K, generator=g) * 0.1
+    layer = Q8A8Linear(w)
+    x = torch.randn(33, K, generator=g) * torch.exp2(torch.randint(-4, 5, (33, K), generator=g).float())
+    y = layer(x)
+    ref = _reference_q8(w, x)
+    assert y.shape == (33, N)
+    assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(33)])
+    for rows in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+
+
+def test_the_8_bit_layer_recovers_q8_0_weights_exactly():
+    """Weights that are int8 levels times an fp16 scale per group of 32 (a GGUF file's Q8_0 blocks, each with a
+    level at +-127) come back as the same levels and scales, so the layer multiplies by the file's own weights;
+    and a row of all -127 levels against activations at the int8 extremes stays exact (the offset of 128)."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(-127, 128, (32, 64), generator=g)
+    q[:, 0], q[:, 32], q[0] = 127, -127, -127
+    d = (torch.rand(32, 2, generator=g) * 0.01 + 1e-4).half().float()
+    w = (q.float().reshape(32, 2, 32) * d[..., None]).reshape(32, 64)
+    layer = Q8A8Linear(w)
+    levels = (layer.q.to(torch.int16) - 128).permute(0, 3, 1, 2, 4).reshape(32, 64)
+    assert torch.equal(levels, q.to(torch.int16))
+    assert torch.equal(layer.scale.transpose(1, 2).reshape(32, 2), d)
+    x = torch.tensor([[127.0, -127.0] * 32])
+    exact = (q.double() * d.double().repeat_interleave(32, 1)) @ x[0].double()
+    assert (layer(x)[0].double() - exact).abs().max() <= 1e-5 * exact.abs().max()
+
+
 def test_a_group_of_zeros_and_extreme_activations():
     """A group of zeros (scale floored, all products zero) and a group at the int8 extremes stay exact."""
     w = torch.randn(16, 64)
@@ -58,6 +100,10 @@ def test_the_layer_refuses_what_it_cannot_take():
         W4A8Linear(torch.randn(8, 40))
     with pytest.raises(ValueError, match="inputs of size 64"):
         W4A8Linear(torch.randn(8, 64))(torch.randn(2, 32))
+    with pytest.raises(ValueError, match="divisible by 32"):
+        Q8A8Linear(torch.randn(8, 40))
+    with pytest.raises(ValueError, match="inputs of size 64"):
+        Q8A8Linear(torch.randn(8, 64))(torch.randn(2, 32))
 
 
 def _attend(q, K, V, n, ofs, idx, max_len):
@@ -70,11 +116,13 @@ def _attend(q, K, V, n, ofs, idx, max_len):
     return out
 
 
-def test_the_compiled_attention_is_softmax_attention_row_by_row():
+@pytest.mark.parametrize("H,n_kv,hs", [(6, 2, 32), (10, 2, 80), (4, 4, 64)])
+def test_the_compiled_attention_is_softmax_attention_row_by_row(H, n_kv, hs):
     """Rows that see the cache's first n slots and tree rows that see a list of slots, against softmax attention in
-    float64; each row the same bits alone as beside the others; grouped heads (6 query heads on 2 key heads)."""
+    float64; each row the same bits alone as beside the others; grouped heads (3 or 5 query heads on a key head:
+    the kernel weighs up to 4 side by side) and heads of their own; a head size that is not a multiple of 64."""
     g = torch.Generator().manual_seed(0)
-    B, H, n_kv, hs, max_len = 2, 6, 2, 32, 300
+    B, max_len = 2, 300
     K = torch.randn(B, n_kv, max_len, hs, generator=g)
     V = torch.randn(B, n_kv, max_len, hs, generator=g)
     keys = [list(range(n)) for n in (1, 17, 130, 299)] + [[0, 1, 2, 5, 9], [0, 1, 2, 7, 250, 260]]
@@ -89,7 +137,7 @@ def test_the_compiled_attention_is_softmax_attention_row_by_row():
     out = _attend(q, K, V, n, ofs, idx, max_len)
     for t, k in enumerate(keys):
         for h in range(H):
-            kk, vv = K[:, h // 3, k].double(), V[:, h // 3, k].double()
+            kk, vv = K[:, h // (H // n_kv), k].double(), V[:, h // (H // n_kv), k].double()
             p = torch.softmax(torch.einsum("bd,bld->bl", q[:, h, t].double(), kk) / math.sqrt(hs), -1)
             ref = torch.einsum("bl,bld->bd", p, vv)
             assert (out[:, t, h].double() - ref).abs().max() < 1e-5, (t, h)
@@ -124,8 +172,10 @@ def test_the_portable_road_computes_the_same_formula_row_invariantly(tmp_path):
         "from minigpt import kernels\n"
         "assert kernels.describe() == 'portable C', kernels.describe()\n"
         "t.test_the_product_is_its_formula_and_rows_do_not_meet(50, 96)\n"
+        "t.test_the_8_bit_product_is_its_formula_and_rows_do_not_meet(50, 96)\n"
+        "t.test_the_8_bit_layer_recovers_q8_0_weights_exactly()\n"
         "t.test_a_group_of_zeros_and_extreme_activations()\n"
-        "t.test_the_compiled_attention_is_softmax_attention_row_by_row()\n"
+        "t.test_the_compiled_attention_is_softmax_attention_row_by_row(10, 2, 80)\n"
         "print('portable ok')\n")
     env = dict(os.environ, MINIGPT_KERNELS_PORTABLE="1", MINIGPT_CACHE=str(tmp_path / "cache"))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)

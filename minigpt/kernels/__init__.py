@@ -1,7 +1,8 @@
 """Small compiled kernels, built on first use with the machine's C compiler and loaded with ctypes.
 
-One library so far, ``invariant.c``: the row-invariant product of 4-bit weights and 8-bit activations that the
-"w4a8" precision runs on (:class:`minigpt.quant.W4A8Linear`), and attention computed one query row at a time in an
+One library so far, ``invariant.c``: the row-invariant products of 4-bit (:class:`minigpt.quant.W4A8Linear`) and
+8-bit weights (:class:`minigpt.quant.Q8A8Linear`, the output layer) with 8-bit activations that the "w4a8"
+precision runs on, and attention computed one query row at a time in an
 order that depends on that row alone (:class:`minigpt.precision.InvariantAttention` on that path). PyTorch offers
 no such product on a CPU: its weight-only int4 kernel works row by row (a pass over 17 tokens costs about six
 one-token passes), and an integer matmul takes 8-bit weights only; and its attention, made row-invariant, costs a
@@ -84,8 +85,9 @@ def library() -> ctypes.CDLL:
             raise KernelUnavailable(f"the invariant kernels were built but do not load: {e}") from None
         p, i = ctypes.c_void_p, ctypes.c_int
         lib.w4a8_linear.argtypes = [i, i, i, p, p, p, p, p, i]
+        lib.q8a8_linear.argtypes = [i, i, i, p, p, p, p, i]
         lib.attend_rows.argtypes = [i, i, i, i, i, i, p, p, p, p, p, p, ctypes.c_float, p, i]
-        for f in (lib.w4a8_linear, lib.attend_rows, lib.w4a8_vector_path):
+        for f in (lib.w4a8_linear, lib.q8a8_linear, lib.attend_rows, lib.w4a8_vector_path):
             f.restype = ctypes.c_int
         _loaded["invariant"] = lib
     return _loaded["invariant"]

@@ -1,6 +1,8 @@
-/* Row-invariant kernels for minigpt's "w4a8" path (minigpt/kernels/__init__.py builds and loads them): a product of
-   4-bit weights and 8-bit activations (minigpt/quant.py's W4A8Linear lays the weights out and calls it), and
-   attention one query row at a time (at the end of this file).
+/* Row-invariant kernels for minigpt's "w4a8" path (minigpt/kernels/__init__.py builds and loads them): products of
+   4-bit or 8-bit weights and 8-bit activations (minigpt/quant.py's W4A8Linear and Q8A8Linear lay the weights out
+   and call them), and attention one query row at a time (at the end of this file).
+
+   4-bit weights (the blocks' layers):
 
        y[r, n] = sum over groups g, in order, of   step[n, g] * dx[r, g] * dot(r, n, g)  +  lo[n, g] * xs[r, g]
 
@@ -10,18 +12,27 @@
    of int8 activations and 4-bit weights summed in int32, and xs[r, g] = dx[r, g] * (sum of the group's int8 values),
    so the minimum's share is one product.
 
+   8-bit weights (the output layer, as a GGUF file's Q8_0 blocks keep it: an int8 q in -127..127 and one scale per
+   group of 32 inputs, a weight being q * scale):
+
+       y[r, n] = sum over groups g, in order, of   (scale[n, g] * dx[r, g]) * (dot(r, n, g) - 128 * sx[r, g])
+
+   The weights are stored as q + 128 (0..255: vpdpbusd multiplies unsigned bytes by signed ones), so dot(r, n, g),
+   the group's 32 products summed in int32, is 128 * sx[r, g] (sx: the sum of the group's int8 activations) more than
+   the signed weights' products: the difference is exactly theirs, in integers.
+
    Why a row's result cannot depend on how many rows share the call: a group's products are summed in int32, which
    is exact, so in whatever order and in however many partial sums; the groups' scaled sums are then added in fp32
-   in one fixed order (g = 0, 1, ...: a multiply, a fused multiply-add for the step's share and one for the
-   minimum's), the same operations for every row whatever the number of rows. What the rows share is each unpacked
-   register of weights, used by up to eight rows in turn: that is why a pass over several tokens costs less than that
-   many one-token passes.
+   in one fixed order (g = 0, 1, ...: a multiply and one or two fused multiply-adds), the same operations for every
+   row whatever the number of rows. What the rows share is each (unpacked) register of weights, used by up to eight
+   rows in turn: that is why a pass over several tokens costs less than that many one-token passes.
 
-   Layout: outputs in blocks of 16 (the 16 fp32 lanes of a 512-bit register, one output per lane). For block b,
-   group g and quad j (inputs 4j .. 4j + 3 of the group), 32 bytes: byte 4i + t holds the weight of output i, input
-   4j + t in its low 4 bits and that of output 8 + i in its high 4 bits. Unpacked, that is one 64-byte register
-   whose lane i holds output i's four weights: one vpdpbusd against the quad of activations, broadcast, adds the
-   quad's four products into each output's lane. step and lo are laid out (block, group, 16).
+   Layout: outputs in blocks of 16 (the 16 fp32 lanes of a 512-bit register, one output per lane). 4-bit: for block
+   b, group g and quad j (inputs 4j .. 4j + 3 of the group), 32 bytes: byte 4i + t holds the weight of output i,
+   input 4j + t in its low 4 bits and that of output 8 + i in its high 4 bits. Unpacked, that is one 64-byte
+   register whose lane i holds output i's four weights: one vpdpbusd against the quad of activations, broadcast,
+   adds the quad's four products into each output's lane. 8-bit: that register as it is, 64 bytes per (block, group,
+   quad). step, lo and scale are laid out (block, group, 16).
 
    The vector path needs AVX-512 VNNI; elsewhere a plain C loop computes the same formula in the same order. */
 #include <math.h>
@@ -44,9 +55,9 @@
 int w4a8_vector_path(void) { return W4A8_VNNI; }
 
 /* Each group of 32 inputs of each row of x (rows, K) rounded to int8 with a scale of its own: xq (rows, K),
-   dx (rows, K / 32), xs = dx * (sum of the group's int8 values). Element by element, with exact sums: a row's
-   numbers depend on that row alone. */
-static void quantize_rows(int rows, int K, const float *x, int8_t *xq, float *dx, float *xs) {
+   dx (rows, K / 32), sx = the sum of the group's int8 values, xs = dx * sx. Element by element, with exact sums: a
+   row's numbers depend on that row alone. */
+static void quantize_rows(int rows, int K, const float *x, int8_t *xq, float *dx, float *xs, int32_t *sx) {
     const int G = K / 32;
     for (int r = 0; r < rows; r++) {
         for (int g = 0; g < G; g++) {
@@ -66,6 +77,7 @@ static void quantize_rows(int rows, int K, const float *x, int8_t *xq, float *dx
             }
             dx[(int64_t)r * G + g] = s;
             xs[(int64_t)r * G + g] = (float)sum * s;
+            sx[(int64_t)r * G + g] = sum;
         }
     }
 }
@@ -78,10 +90,9 @@ static inline __m512i unpack(const uint8_t *w) {
     return _mm512_inserti64x4(low, _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask), 1);
 }
 
-/* The float part of a group, the same for every row: acc += dot * (step * dx) ; acc += lo * xs. */
-static inline __m512 add_group(__m512 acc, __m512i dot, __m512 step, __m512 lo, float dx, float xs) {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(step, _mm512_set1_ps(dx)), acc);
-    return _mm512_fmadd_ps(lo, _mm512_set1_ps(xs), acc);
+/* Weight register i of a block: 4-bit ones unpacked, 8-bit ones as they are. */
+static inline __m512i weights(const int bits, const uint8_t *wb, int i) {
+    return bits == 4 ? unpack(wb + 32 * i) : _mm512_loadu_si512(wb + 64 * i);
 }
 
 static inline __m512i quad(const int8_t *x) {   /* four activations, broadcast to every lane */
@@ -90,43 +101,53 @@ static inline __m512i quad(const int8_t *x) {   /* four activations, broadcast t
     return _mm512_set1_epi32(four);
 }
 
-/* R rows (R a constant where it is called: 8, 4, 2 or 1) against one block of 16 outputs, into y: each weight
-   register is unpacked once and meets the R rows' activations, each row's sums in two chains (even and odd quads,
-   added at the end: integers, so exactly the group's sum) so that their products overlap in time. */
-static inline __attribute__((always_inline)) void rows_at_once(const int R, int G, int K, int N, const uint8_t *wb,
-        const float *st, const float *lo, const int8_t *xq, const float *dx, const float *xs, float *y,
-        __mmask16 store) {
+/* R rows (R a constant where it is called: 8, 4, 2 or 1) against one block of 16 outputs of ``bits``-bit weights,
+   into y: each weight register is unpacked once and meets the R rows' activations, each row's sums in two chains
+   (even and odd quads, added at the end: integers, so exactly the group's sum) so that their products overlap. */
+static inline __attribute__((always_inline)) void rows_at_once(const int R, const int bits, int G, int K, int N,
+        const uint8_t *wb, const float *st, const float *lo, const int8_t *xq, const float *dx, const float *xs,
+        const int32_t *sx, float *y, __mmask16 store) {
     __m512 acc[8];
     for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
         __m512i d0[8], d1[8];
         for (int i = 0; i < R; i++) d0[i] = d1[i] = _mm512_setzero_si512();
         for (int j = 0; j < QUADS; j += 2) {
-            const __m512i w0 = unpack(wb + 32 * (g * QUADS + j)), w1 = unpack(wb + 32 * (g * QUADS + j + 1));
+            const __m512i w0 = weights(bits, wb, g * QUADS + j), w1 = weights(bits, wb, g * QUADS + j + 1);
             for (int i = 0; i < R; i++) {
                 const int8_t *x = xq + (int64_t)i * K + 32 * g + 4 * j;
                 d0[i] = _mm512_dpbusd_epi32(d0[i], w0, quad(x));
                 d1[i] = _mm512_dpbusd_epi32(d1[i], w1, quad(x + 4));
             }
         }
-        const __m512 s = _mm512_loadu_ps(st + LANES * g), l = _mm512_loadu_ps(lo + LANES * g);
-        for (int i = 0; i < R; i++)
-            acc[i] = add_group(acc[i], _mm512_add_epi32(d0[i], d1[i]), s, l, dx[(int64_t)i * G + g],
-                               xs[(int64_t)i * G + g]);
+        const __m512 s = _mm512_loadu_ps(st + LANES * g);
+        for (int i = 0; i < R; i++) {
+            const __m512i dot = _mm512_add_epi32(d0[i], d1[i]);
+            const float d = dx[(int64_t)i * G + g];
+            if (bits == 4) {    /* acc += dot * (step * dx) ; acc += lo * xs */
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(d)), acc[i]);
+                acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(lo + LANES * g), _mm512_set1_ps(xs[(int64_t)i * G + g]),
+                                         acc[i]);
+            } else {            /* acc += (dot - 128 sx) * (scale * dx) */
+                const __m512i exact = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * sx[(int64_t)i * G + g]));
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(s, _mm512_set1_ps(d)), acc[i]);
+            }
+        }
     }
     for (int i = 0; i < R; i++)
         _mm512_mask_storeu_ps(y + (int64_t)i * N, store, acc[i]);
 }
 
-/* One block of 16 outputs (``wb``: its packed weights) for all rows, eight at a time, then four, two, one: a row's
+/* One block of 16 outputs (``wb``: its weights) for all rows, eight at a time, then four, two, one: a row's
    arithmetic is the same whichever rows share its call. */
-static void block(int rows, int K, int n_valid, const uint8_t *wb, const float *st, const float *lo,
-                  const int8_t *xq, const float *dx, const float *xs, float *y, int N) {
+static inline __attribute__((always_inline)) void block(const int bits, int rows, int K, int n_valid,
+        const uint8_t *wb, const float *st, const float *lo, const int8_t *xq, const float *dx, const float *xs,
+        const int32_t *sx, float *y, int N) {
     const int G = K / 32;
     const __mmask16 store = n_valid >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << n_valid) - 1);
     int r = 0;
-#define ROWS(R) rows_at_once(R, G, K, N, wb, st, lo, xq + (int64_t)r * K, dx + (int64_t)r * G, xs + (int64_t)r * G, \
-                             y + (int64_t)r * N, store)
+#define ROWS(R) rows_at_once(R, bits, G, K, N, wb, st, lo, xq + (int64_t)r * K, dx + (int64_t)r * G, \
+                             xs + (int64_t)r * G, sx + (int64_t)r * G, y + (int64_t)r * N, store)
     for (; r + 8 <= rows; r += 8) ROWS(8);
     if (r + 4 <= rows) { ROWS(4); r += 4; }
     if (r + 2 <= rows) { ROWS(2); r += 2; }
@@ -134,26 +155,37 @@ static void block(int rows, int K, int n_valid, const uint8_t *wb, const float *
 #undef ROWS
 }
 #else
-static void block(int rows, int K, int n_valid, const uint8_t *wb, const float *st, const float *lo,
-                  const int8_t *xq, const float *dx, const float *xs, float *y, int N) {
+static void block(const int bits, int rows, int K, int n_valid, const uint8_t *wb, const float *st, const float *lo,
+                  const int8_t *xq, const float *dx, const float *xs, const int32_t *sx, float *y, int N) {
     const int G = K / 32;
     for (int r = 0; r < rows; r++) {
         float acc[LANES] = {0};
         for (int g = 0; g < G; g++) {
             int32_t dot[LANES] = {0};
             for (int j = 0; j < QUADS; j++) {
-                const uint8_t *w = wb + (g * QUADS + j) * 32;
                 const int8_t *x = xq + (int64_t)r * K + 32 * g + 4 * j;
-                for (int i = 0; i < 8; i++)
-                    for (int t = 0; t < 4; t++) {
-                        dot[i] += (int32_t)(w[4 * i + t] & 0x0F) * x[t];
-                        dot[8 + i] += (int32_t)(w[4 * i + t] >> 4) * x[t];
-                    }
+                if (bits == 4) {
+                    const uint8_t *w = wb + (g * QUADS + j) * 32;
+                    for (int i = 0; i < 8; i++)
+                        for (int t = 0; t < 4; t++) {
+                            dot[i] += (int32_t)(w[4 * i + t] & 0x0F) * x[t];
+                            dot[8 + i] += (int32_t)(w[4 * i + t] >> 4) * x[t];
+                        }
+                } else {
+                    const uint8_t *w = wb + (g * QUADS + j) * 64;
+                    for (int i = 0; i < LANES; i++)
+                        for (int t = 0; t < 4; t++)
+                            dot[i] += (int32_t)w[4 * i + t] * x[t];
+                }
             }
-            const float d = dx[(int64_t)r * G + g], s = xs[(int64_t)r * G + g];
+            const int64_t rg = (int64_t)r * G + g;
             for (int i = 0; i < LANES; i++) {
-                acc[i] = fmaf((float)dot[i], st[LANES * g + i] * d, acc[i]);
-                acc[i] = fmaf(lo[LANES * g + i], s, acc[i]);
+                if (bits == 4) {
+                    acc[i] = fmaf((float)dot[i], st[LANES * g + i] * dx[rg], acc[i]);
+                    acc[i] = fmaf(lo[LANES * g + i], xs[rg], acc[i]);
+                } else {
+                    acc[i] = fmaf((float)(dot[i] - 128 * sx[rg]), st[LANES * g + i] * dx[rg], acc[i]);
+                }
             }
         }
         for (int i = 0; i < n_valid && i < LANES; i++)
@@ -162,30 +194,47 @@ static void block(int rows, int K, int n_valid, const uint8_t *wb, const float *
 }
 #endif
 
-/* y (rows, N) = x (rows, K) times the weights (``wq``: (ceil(N / 16), K / 32, 8, 32) bytes; ``step``, ``lo``:
-   (ceil(N / 16), K / 32, 16) fp32) by the formula above. Returns 0; -1 if K is not a positive multiple of 32; -2 if
-   out of memory. ``threads`` > 1 splits the blocks of outputs among OpenMP threads (where built with OpenMP): each
-   (row, output) is still computed by one thread, in one order. */
-int w4a8_linear(int rows, int N, int K, const float *x, const uint8_t *wq, const float *step, const float *lo,
-                float *y, int threads) {
+/* y (rows, N) = x (rows, K) times ``bits``-bit weights by the formulas above. Returns 0; -1 if K is not a positive
+   multiple of 32; -2 if out of memory. ``threads`` > 1 splits the blocks of outputs among OpenMP threads (where
+   built with OpenMP): each (row, output) is still computed by one thread, in one order. */
+static int linear(const int bits, int rows, int N, int K, const float *x, const uint8_t *wq, const float *step,
+                  const float *lo, float *y, int threads) {
     if (K <= 0 || K % 32)
         return -1;
-    const int G = K / 32, blocks = (N + LANES - 1) / LANES;
+    const int G = K / 32, blocks = (N + LANES - 1) / LANES, block_bytes = G * QUADS * (bits == 4 ? 32 : 64);
     int8_t *xq = malloc((size_t)rows * K);
     float *dx = malloc(sizeof(float) * (size_t)rows * G), *xs = malloc(sizeof(float) * (size_t)rows * G);
-    const int failed = !xq || !dx || !xs;
+    int32_t *sx = malloc(sizeof(int32_t) * (size_t)rows * G);
+    const int failed = !xq || !dx || !xs || !sx;
     if (!failed) {
-        quantize_rows(rows, K, x, xq, dx, xs);
+        quantize_rows(rows, K, x, xq, dx, xs, sx);
         (void)threads;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(static)
 #endif
-        for (int b = 0; b < blocks; b++)
-            block(rows, K, N - b * LANES, wq + (int64_t)b * G * QUADS * 32, step + (int64_t)b * G * LANES,
-                  lo + (int64_t)b * G * LANES, xq, dx, xs, y + (int64_t)b * LANES, N);
+        for (int b = 0; b < blocks; b++) {
+            const uint8_t *wb = wq + (int64_t)b * block_bytes;
+            const float *sb = step + (int64_t)b * G * LANES, *lb = lo ? lo + (int64_t)b * G * LANES : NULL;
+            if (bits == 4)
+                block(4, rows, K, N - b * LANES, wb, sb, lb, xq, dx, xs, sx, y + (int64_t)b * LANES, N);
+            else
+                block(8, rows, K, N - b * LANES, wb, sb, lb, xq, dx, xs, sx, y + (int64_t)b * LANES, N);
+        }
     }
-    free(xq); free(dx); free(xs);
+    free(xq); free(dx); free(xs); free(sx);
     return failed ? -2 : 0;
+}
+
+/* 4-bit weights: ``wq`` (ceil(N / 16), K / 32, 8, 32) bytes; ``step``, ``lo``: (ceil(N / 16), K / 32, 16) fp32. */
+int w4a8_linear(int rows, int N, int K, const float *x, const uint8_t *wq, const float *step, const float *lo,
+                float *y, int threads) {
+    return linear(4, rows, N, K, x, wq, step, lo, y, threads);
+}
+
+/* 8-bit weights: ``wq`` (ceil(N / 16), K / 32, 8, 64) bytes, each q + 128; ``scale``: (ceil(N / 16), K / 32, 16). */
+int q8a8_linear(int rows, int N, int K, const float *x, const uint8_t *wq, const float *scale, float *y,
+                int threads) {
+    return linear(8, rows, N, K, x, wq, scale, NULL, y, threads);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
