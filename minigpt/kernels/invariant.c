@@ -255,18 +255,18 @@ int q8a8_linear(int rows, int N, int K, const float *x, const uint8_t *wq, const
    error below 2e-7 on the range softmax uses, x <= 0): plain arithmetic, so the compiler can run it 16 at a time,
    and the same bits wherever it runs. */
 
+/* 2^f on [-0.5, 0.5]: Taylor coefficients of e^(f ln 2), highest power first; both exponentials below use them */
+static const float EXP2_POLY[7] = {1.54035304e-4f, 1.33335581e-3f, 9.61812911e-3f, 5.55041087e-2f,
+                                   2.40226507e-1f, 6.93147181e-1f, 1.0f};
+#define LOG2_E 1.44269504088896341f
+
 static inline float exp_neg(float x) {
     if (x < -87.0f) return 0.0f;
-    float t = x * 1.44269504088896341f;
+    float t = x * LOG2_E;
     float i = rintf(t), f = t - i;
-    /* 2^f on [-0.5, 0.5]: Taylor coefficients of e^(f ln 2) */
-    float p = 1.54035304e-4f;
-    p = p * f + 1.33335581e-3f;
-    p = p * f + 9.61812911e-3f;
-    p = p * f + 5.55041087e-2f;
-    p = p * f + 2.40226507e-1f;
-    p = p * f + 6.93147181e-1f;
-    p = p * f + 1.0f;
+    float p = EXP2_POLY[0];
+    for (int c = 1; c < 7; c++)
+        p = p * f + EXP2_POLY[c];
     union { float f; int32_t i; } u = { p };
     u.i += (int32_t)i << 23;
     return u.f;
@@ -277,15 +277,11 @@ static inline float exp_neg(float x) {
 
 #if W4A8_VNNI
 static inline __m512 exp_neg16(__m512 x) {      /* exp_neg, 16 at a time, the same formula */
-    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(LOG2_E));
     __m512 i = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(t, i);
-    __m512 p = _mm512_set1_ps(1.54035304e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.33335581e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.61812911e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.55041087e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40226507e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93147181e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    __m512 p = _mm512_set1_ps(EXP2_POLY[0]);
+    for (int c = 1; c < 7; c++)
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_POLY[c]));
     __m512 e = _mm512_scalef_ps(p, i);
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ), e, _mm512_setzero_ps());
 }
