@@ -221,7 +221,42 @@ def int8_groups(x: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.T
     return xg.div(scale[..., None]).round_().to(torch.int8).reshape(rows, K), scale
 
 
-class W4A8Linear(nn.Module):
+class _GroupKernelLinear(nn.Module):
+    """What the compiled grouped layers share: an input size divisible by 32, outputs in blocks of 16 (the last
+    filled with zeros), per-group numbers laid out (block, group, 16), and a forward pass that hands the kernel the
+    rows in fp32 (it rounds each row's groups to int8 itself)."""
+    kind = ""
+
+    def _shape(self, weight: torch.Tensor, group: int) -> tuple[int, int, int, int]:
+        """Checks and records the layer's sizes: (N, K, groups per row, N rounded up to blocks of 16)."""
+        kernels.library()                     # KernelUnavailable, one sentence, where it cannot be built
+        N, K = weight.shape
+        if group != 32 or K % 32:
+            raise ValueError(f"the {self.kind} kernel takes groups of 32 and an input size divisible by 32, got {K}")
+        self.group, self.in_features, self.out_features = group, K, N
+        self.device = weight.device
+        return N, K, K // 32, -(-N // 16) * 16
+
+    @staticmethod
+    def _by_block(t: torch.Tensor, Np: int) -> torch.Tensor:
+        """(N, groups) numbers -> (blocks, groups, 16) fp32: lane i of a block is its output i."""
+        return F.pad(t.float(), (0, 0, 0, Np - t.shape[0])).reshape(Np // 16, 16, -1).transpose(1, 2).contiguous()
+
+    def _product(self, x2: torch.Tensor, y: torch.Tensor) -> int:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        K = self.in_features
+        if x.shape[-1] != K:
+            raise ValueError(f"{type(self).__name__} expects inputs of size {K}, got {tuple(x.shape)}")
+        x2 = x.reshape(-1, K).float().contiguous()
+        y = torch.empty(x2.shape[0], self.out_features)
+        if self._product(x2, y):
+            raise MemoryError(f"the {self.kind} kernel could not allocate its buffers for {x2.shape[0]} rows")
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+class W4A8Linear(_GroupKernelLinear):
     """``x @ W.T`` with W as 4-bit groups of 32 (:func:`int4_groups`, Q4_1's layout) and each group of 32 inputs of
     a row rounded to int8 with a scale of its own (:func:`int8_groups`), through the compiled kernel of
     ``minigpt/kernels/invariant.c``: a group's 32 products summed in int32 (exact, so in any order), the groups' scaled
@@ -231,72 +266,46 @@ class W4A8Linear(nn.Module):
     of 32 too); what the kernel adds is an order of the floating-point sums that the row count cannot change.
     Needs an input size divisible by 32; :class:`minigpt.kernels.KernelUnavailable` where the kernel cannot be
     built."""
+    kind = "w4a8"
 
     def __init__(self, weight: torch.Tensor, group: int = 32):
         super().__init__()
-        kernels.library()                     # KernelUnavailable, one sentence, where it cannot be built
-        N, K = weight.shape
-        if group != 32 or K % 32:
-            raise ValueError(f"the w4a8 kernel takes groups of 32 and an input size divisible by 32, got {K}")
+        N, K, G, Np = self._shape(weight, group)
         q, step, lo = int4_groups(weight.detach().float().cpu(), group)
-        G, Np = K // 32, -(-N // 16) * 16                 # outputs in blocks of 16, the last filled with zeros
         q = F.pad(q.to(torch.uint8), (0, 0, 0, Np - N)).reshape(Np // 16, 2, 8, G, 8, 4)
         q = q.permute(0, 3, 4, 1, 2, 5).reshape(Np // 16, G, 8, 2, 32)        # (block, group, quad, half, 32)
         # byte 4i + t of a quad: output i's weight for input 4j + t in the low 4 bits, output 8 + i's in the high
         self.q = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).contiguous()
-        self.step, self.lo = (F.pad(t.float(), (0, 0, 0, Np - N)).reshape(Np // 16, 16, G).transpose(1, 2)
-                              .contiguous() for t in (step, lo))
-        self.group, self.in_features, self.out_features = group, K, N
-        self.device = weight.device
+        self.step, self.lo = self._by_block(step, Np), self._by_block(lo, Np)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        K = self.in_features
-        if x.shape[-1] != K:
-            raise ValueError(f"W4A8Linear expects inputs of size {K}, got {tuple(x.shape)}")
-        x2 = x.reshape(-1, K).float().contiguous()         # the kernel rounds each row's groups to int8 itself
-        y = torch.empty(x2.shape[0], self.out_features)
-        err = kernels.library().w4a8_linear(x2.shape[0], self.out_features, K, x2.data_ptr(), self.q.data_ptr(),
-                                            self.step.data_ptr(), self.lo.data_ptr(), y.data_ptr(),
-                                            torch.get_num_threads())
-        if err:
-            raise MemoryError(f"the w4a8 kernel could not allocate its buffers for {x2.shape[0]} rows")
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+    def _product(self, x2: torch.Tensor, y: torch.Tensor) -> int:
+        return kernels.library().w4a8_linear(x2.shape[0], self.out_features, self.in_features, x2.data_ptr(),
+                                             self.q.data_ptr(), self.step.data_ptr(), self.lo.data_ptr(),
+                                             y.data_ptr(), torch.get_num_threads())
 
 
-class Q8A8Linear(nn.Module):
+class Q8A8Linear(_GroupKernelLinear):
     """``x @ W.T`` with W in 8-bit groups of 32 inputs (one scale per group, a GGUF file's Q8_0 blocks: where the
     file stores a layer so, as SmolLM2's stores its output layer, the groups are recovered exactly) and each group of
     32 inputs of a row rounded to int8 with a scale of its own (:func:`int8_groups`), through the compiled kernel of
     ``minigpt/kernels/invariant.c``: a group's products summed in int32, the groups' scaled sums added in fp32 in
     one fixed order, so a row's result does not depend on how many rows share the call (llama.cpp's Q8_0 x Q8
     product). Needs an input size divisible by 32."""
+    kind = "q8a8"
 
     def __init__(self, weight: torch.Tensor, group: int = 32):
         super().__init__()
-        kernels.library()                     # KernelUnavailable, one sentence, where it cannot be built
-        N, K = weight.shape
-        if group != 32 or K % 32:
-            raise ValueError(f"the q8a8 kernel takes groups of 32 and an input size divisible by 32, got {K}")
+        N, K, G, Np = self._shape(weight, group)
         q, scale = int8_groups(weight.detach().float().cpu(), group)      # (N, K) int8, (N, G)
-        G, Np = K // 32, -(-N // 16) * 16                 # outputs in blocks of 16, the last filled with zeros
         u = (F.pad(q.to(torch.int16), (0, 0, 0, Np - N)) + 128).to(torch.uint8)     # q + 128: 0..255
         # (block, output i, group, quad j, t) -> (block, group, quad, 4i + t): lane i holds output i's quad
         self.q = u.reshape(Np // 16, 16, G, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
-        self.scale = F.pad(scale.float(), (0, 0, 0, Np - N)).reshape(Np // 16, 16, G).transpose(1, 2).contiguous()
-        self.group, self.in_features, self.out_features = group, K, N
-        self.device = weight.device
+        self.scale = self._by_block(scale, Np)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        K = self.in_features
-        if x.shape[-1] != K:
-            raise ValueError(f"Q8A8Linear expects inputs of size {K}, got {tuple(x.shape)}")
-        x2 = x.reshape(-1, K).float().contiguous()
-        y = torch.empty(x2.shape[0], self.out_features)
-        err = kernels.library().q8a8_linear(x2.shape[0], self.out_features, K, x2.data_ptr(), self.q.data_ptr(),
-                                            self.scale.data_ptr(), y.data_ptr(), torch.get_num_threads())
-        if err:
-            raise MemoryError(f"the q8a8 kernel could not allocate its buffers for {x2.shape[0]} rows")
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+    def _product(self, x2: torch.Tensor, y: torch.Tensor) -> int:
+        return kernels.library().q8a8_linear(x2.shape[0], self.out_features, self.in_features, x2.data_ptr(),
+                                             self.q.data_ptr(), self.scale.data_ptr(), y.data_ptr(),
+                                             torch.get_num_threads())
 
 
 def smoothing_factors(weight: torch.Tensor, input_max: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:

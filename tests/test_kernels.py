@@ -25,23 +25,6 @@ def _reference(layer_weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return xd @ w.T
 
 
-@pytest.mark.parametrize("N,K", [(48, 64), (50, 96), (7, 32), (200, 576)])
-def test_the_product_is_its_formula_and_rows_do_not_meet(N, K):
-    """Sizes whose outputs do not fill a block of 16 included; every row count from 1 to 33 gives each row the
-    bits that row gets alone."""
-    g = torch.Generator().manual_seed(N * K)
-    w = torch.randn(N, K, generator=g) * 0.1
-    layer = W4A8Linear(w)
-    x = torch.randn(33, K, generator=g) * torch.exp2(torch.randint(-4, 5, (33, K), generator=g).float())
-    y = layer(x)
-    ref = _reference(w, x)
-    assert y.shape == (33, N)
-    assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
-    alone = torch.cat([layer(x[i:i + 1]) for i in range(33)])
-    for rows in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33):
-        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
-
-
 def _reference_q8(layer_weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Q8_0's formula in float64: int8 weights with a scale per group of 32 times the activations rounded likewise."""
     N, K = layer_weight.shape
@@ -51,14 +34,17 @@ def _reference_q8(layer_weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (xq.double().reshape(x.shape[0], -1, 32) * xs.double()[..., None]).reshape(x.shape) @ w.T
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("N,K", [(48, 64), (50, 96), (7, 32), (200, 576)])
-def test_the_8_bit_product_is_its_formula_and_rows_do_not_meet(N, K):
-    g = torch.Generator().manual_seed(N + K)
+def test_the_product_is_its_formula_and_rows_do_not_meet(N, K, bits):
+    """4-bit (Q4_1) and 8-bit (Q8_0) weights; sizes whose outputs do not fill a block of 16 included; every row
+    count from 1 to 33 gives each row the bits that row gets alone."""
+    g = torch.Generator().manual_seed(N * K + bits)
     w = torch.randn(N, K, generator=g) * 0.1
-    layer = Q8A8Linear(w)
+    layer = W4A8Linear(w) if bits == 4 else Q8A8Linear(w)
     x = torch.randn(33, K, generator=g) * torch.exp2(torch.randint(-4, 5, (33, K), generator=g).float())
     y = layer(x)
-    ref = _reference_q8(w, x)
+    ref = _reference(w, x) if bits == 4 else _reference_q8(w, x)
     assert y.shape == (33, N)
     assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
     alone = torch.cat([layer(x[i:i + 1]) for i in range(33)])
@@ -171,8 +157,8 @@ def test_the_portable_road_computes_the_same_formula_row_invariantly(tmp_path):
         "import test_kernels as t\n"
         "from minigpt import kernels\n"
         "assert kernels.describe() == 'portable C', kernels.describe()\n"
-        "t.test_the_product_is_its_formula_and_rows_do_not_meet(50, 96)\n"
-        "t.test_the_8_bit_product_is_its_formula_and_rows_do_not_meet(50, 96)\n"
+        "t.test_the_product_is_its_formula_and_rows_do_not_meet(50, 96, 4)\n"
+        "t.test_the_product_is_its_formula_and_rows_do_not_meet(50, 96, 8)\n"
         "t.test_the_8_bit_layer_recovers_q8_0_weights_exactly()\n"
         "t.test_a_group_of_zeros_and_extreme_activations()\n"
         "t.test_the_compiled_attention_is_softmax_attention_row_by_row(10, 2, 80)\n"
