@@ -261,7 +261,7 @@ class W4A8Linear(_GroupKernelLinear):
     a row rounded to int8 with a scale of its own (:func:`int8_groups`), through the compiled kernel of
     ``minigpt/kernels/invariant.c``: a group's 32 products summed in int32 (exact, so in any order), the groups' scaled
     sums added in fp32 in one fixed order. A row's result therefore does not depend on how many rows share the
-    call, and the rows share the unpacking of each weight row: a pass over several tokens costs less than that many
+    call, and the rows share each unpacked register of weights: a pass over several tokens costs less than that many
     one-token passes. This is llama.cpp's own recipe for a Q4_1 layer on a CPU (its activations go to 8-bit blocks
     of 32 too); what the kernel adds is an order of the floating-point sums that the row count cannot change.
     Needs an input size divisible by 32; :class:`minigpt.kernels.KernelUnavailable` where the kernel cannot be

@@ -45,9 +45,6 @@
 #else
 #define W4A8_VNNI 0
 #endif
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define LANES 16
 #define QUADS 8            /* quads of 4 inputs in a group of 32 */
@@ -121,13 +118,13 @@ static inline __attribute__((always_inline)) void rows_at_once(const int R, cons
             }
         }
         const __m512 s = _mm512_loadu_ps(st + LANES * g);
+        const __m512 l = bits == 4 ? _mm512_loadu_ps(lo + LANES * g) : _mm512_setzero_ps();
         for (int i = 0; i < R; i++) {
             const __m512i dot = _mm512_add_epi32(d0[i], d1[i]);
             const float d = dx[(int64_t)i * G + g];
             if (bits == 4) {    /* acc += dot * (step * dx) ; acc += lo * xs */
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(d)), acc[i]);
-                acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(lo + LANES * g), _mm512_set1_ps(xs[(int64_t)i * G + g]),
-                                         acc[i]);
+                acc[i] = _mm512_fmadd_ps(l, _mm512_set1_ps(xs[(int64_t)i * G + g]), acc[i]);
             } else {            /* acc += (dot - 128 sx) * (scale * dx) */
                 const __m512i exact = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * sx[(int64_t)i * G + g]));
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(s, _mm512_set1_ps(d)), acc[i]);
