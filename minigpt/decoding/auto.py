@@ -22,7 +22,11 @@ speed-up model of Lesson 04b, with the measured p_j in place of one alpha) in t_
 seconds, and plain decoding yields 1 token in t_round(1). The options:
 
 * **copying drafters** (prompt lookup, suffix decoding: ``cheap = True``): their proposal costs next to nothing,
-  so the controller makes it first and then decides how many of its tokens to send, k = 0 (a plain step) .. all;
+  so the controller makes it first and then decides how many of its tokens to send, k = 0 (a plain step) .. all.
+  Their counts are right on average, but the rounds whose counts promise most are the ones sent (the winner's
+  curse: a short match's count rises after two lucky copies, is sent, and falls back), so the chance of getting
+  past depth d is scaled by a c_d measured on the rounds the counts alone would have sent, sent or not (the
+  decided tokens say how far the copy would have got), as for scored trees below;
 * **scored drafters** (suffix decoding's tree, ``scored = True``): also free to propose, and each proposal says
   how likely each of its nodes is (``last_probs``, from its counts), so the probability P_d that a round gets
   past depth d is the sum of its depth-d nodes'; the controller sends the tree when 1 + sum_d c_d P_d tokens in
@@ -34,9 +38,9 @@ seconds, and plain decoding yields 1 token in t_round(1). The options:
 
 What belongs to the machine rather than the text -- the round times and each drafter's cost -- is kept across
 generations in a :class:`Memory` (per torch thread count), so a new request starts from what the last ones
-measured. Acceptance belongs to the text: a generation starts from the last one's p_d (and an arm's tokens per
-round, and how long a losing option waits before it is re-tried) only as a prior worth two observations per
-depth, which its own rounds outweigh within a few rounds.
+measured, and so does how long a losing option still has to wait before it is re-tried (below). Acceptance
+belongs to the text: a generation starts from the last one's p_d (and an arm's tokens per round) only as a prior
+worth two observations per depth, which its own rounds outweigh within a few rounds.
 
 A copying drafter's proposal is free, so the controller makes it every round and counts it against the tokens
 the round decided, whether it sent it or not (a copied token is one-hot: the chance that the decided token equals
@@ -44,9 +48,14 @@ it is the chance it would have been accepted): its acceptance stays current thro
 is counted the same way: the decided tokens walk down it as far as it has their nodes, which is how deep the
 round would have accepted it (the greedy rule accepts the deepest path that agrees; the exact sampled rule
 accepts a child exactly when the target's token is that child). Other options
-that lose are re-tried now and then (after 8 rounds, then 16, 32, ... while they keep losing; a new generation
-waits at most 32 rounds), so a change in the text is found; those probes are the controller's only cost when
-plain decoding is best.
+that lose are re-tried now and then, so a change in the text is found; those probes are the controller's only
+cost when plain decoding is best, so they are spaced by what they cost: a draft chain or an arm is re-tried once
+the rounds since its last try make what a try loses (its measured seconds per round, the draft's catch-up
+included, against the plain steps that would make its tokens) ``PROBE_BUDGET`` (2%) of the time
+(:func:`probe_wait`), and the wait left goes on into the next generation. Re-tried after 8, 16, 32, ... rounds
+and again early in every request instead, SmolLM2's EAGLE head (whose first round in a request reads the whole
+prompt, and whose trees lose about a plain step on open chat) made the controller 7% slower on the development
+chat requests at 4 bits than the same controller without it.
 ``Auto.choices`` records every round (option, tokens proposed, tokens kept) and :meth:`Auto.summary` how often
 each option was taken and its tokens per target pass.
 """
@@ -66,7 +75,8 @@ from .verify import Verified
 
 PLAIN = "plain"
 MATCH_CAP = 8  # match lengths from here on share one count (suffix decoding's matches reach 20 tokens and more)
-CARRIED_BACKOFF = 32  # a new generation re-tries an option that lost the last one after at most this many rounds
+PROBE_BUDGET = 0.02  # a losing option is re-tried when the time since its last try makes its loss this share of it
+PROBE_WAIT_MAX = 512  # ... but after at most this many rounds (the wait left is carried across generations)
 CATCH_UP_MEASURED = 16  # a draft's catch-up over at least this many tokens is timed as its cost per token
 
 
@@ -262,6 +272,15 @@ class TreeCalibration:
         return out
 
 
+def _reach(ps: list[float]) -> list[float]:
+    """[P_1 .. P_k]: the chance that a chain gets past depth d, the product of p_1 .. p_d."""
+    out, reach = [], 1.0
+    for p in ps:
+        reach *= p
+        out.append(reach)
+    return out
+
+
 def depth_probabilities(proposal: Proposal, probs: list[float]) -> list[float]:
     """P_d for d = 1, 2, ...: the sum of the probabilities ``probs`` (one per candidate, in order) of the
     ``proposal``'s candidates at depth d."""
@@ -302,6 +321,7 @@ class Option:
     calibration: TreeCalibration = field(default_factory=TreeCalibration)  # scored: its estimates' reliability
     last_round: int = -1                     # the round it was last taken in
     backoff: int = 8                         # rounds before it is re-tried while it loses
+    try_loss: float | None = None            # chain: seconds a round of it loses against plain (moving average)
 
     def acceptance_for(self, match: int | None) -> DepthAcceptance:
         """The acceptance counted for proposals after a match of this length (None: the count over all of them,
@@ -320,26 +340,32 @@ class BatchChoice:
     batch one sequence's wide proposal makes every sequence's pass wider, a cost that sequence's own controller
     does not see; the batch's rate does (the mean over its sequences while requests wait for a place, else its
     slowest sequence's: :meth:`Auto._book_batch_round`). Plain is measured first, then speculation; the mode that
-    loses is re-tried after 8 rounds, then 16, 32, ... while it keeps losing (``probing`` says a round is such a
-    re-try: a re-tried speculation offers only the options whose proposals cost no model pass,
+    loses is re-tried as an arm is (:meth:`Auto._update_arm_backoff`): once the rounds since its last try make what
+    a try loses ``PROBE_BUDGET`` of the time, between 8 and ``PROBE_WAIT_MAX`` rounds (``probing`` says a round is
+    such a re-try: a re-tried speculation offers only the options whose proposals cost no model pass,
     :meth:`Auto.propose_batch`). A size not seen yet starts from the nearest size's choice
     (:meth:`Auto._batch_choice`).
     A batch of one has none: its sequence's controller already weighs the whole cost."""
     rate: dict = field(default_factory=dict)        # "plain" / "speculate" -> tokens per second per sequence
+    tokens: dict = field(default_factory=dict)      # mode -> tokens per sequence per round
     last: dict = field(default_factory=dict)        # mode -> the round it was last taken in
     backoff: int = 8
     round: int = 0
     probing: bool = False   # whether the mode just chosen is a re-try of the mode that lost
     taken: dict = field(default_factory=dict)       # mode -> rounds it was taken in
 
-    def book(self, mode: str, rate: float, smoothing: float) -> None:
-        """The batch's tokens per second per sequence in a round taken in ``mode``; a re-tried mode that lost backs
-        off."""
-        probe = len(self.rate) == 2 and mode != self.best()
-        old = self.rate.get(mode)
-        self.rate[mode] = rate if old is None else old + smoothing * (rate - old)
-        if probe and mode == self.best():      # a probe that won: its mode is taken from now on
-            self.backoff = 8
+    def book(self, mode: str, rate: float, smoothing: float, tokens: float = 1.0) -> None:
+        """The batch's tokens per second per sequence in a round taken in ``mode``, which made ``tokens`` per
+        sequence; then the losing mode's wait: a try of it makes n_o tokens in n_o / r_o seconds, which the best mode
+        makes in n_o / r_b, and the rounds of the best mode between two tries (n_b / r_b seconds each) make that loss
+        ``PROBE_BUDGET`` of the time."""
+        for d, x in ((self.rate, rate), (self.tokens, tokens)):
+            d[mode] = x if mode not in d else d[mode] + smoothing * (x - d[mode])
+        if len(self.rate) == 2:
+            best = self.best()
+            other = _other(best)
+            loss = self.tokens[other] * (1.0 / self.rate[other] - 1.0 / self.rate[best])
+            self.backoff = probe_wait(loss, self.tokens[best] / self.rate[best])
 
     def best(self) -> str:
         return max(self.rate, key=self.rate.get) if self.rate else "speculate"
@@ -352,15 +378,23 @@ class BatchChoice:
                 return self._take(mode)
         best, other = self.best(), _other(self.best())
         if self.round - self.last.get(other, 0) >= self.backoff:
-            self.backoff = min(2 * self.backoff, 256)
             self.probing = True
-            return self._take(other)           # a probe; it resets the back-off only by winning
+            return self._take(other)           # a probe; if it wins, its mode is taken from now on
         return self._take(best)
 
     def _take(self, mode: str) -> str:
         self.last[mode] = self.round
         self.taken[mode] = self.taken.get(mode, 0) + 1
         return mode
+
+
+def probe_wait(loss: float, round_seconds: float) -> int:
+    """Rounds to wait before re-trying an option whose try loses ``loss`` seconds against the best option, whose
+    rounds take ``round_seconds``: the rounds in between make the loss ``PROBE_BUDGET`` of the time (at least 8
+    rounds, at most ``PROBE_WAIT_MAX``; 8 when a try does not lose)."""
+    if loss <= 0:
+        return 8
+    return int(min(max(8.0, loss / (PROBE_BUDGET * round_seconds)), PROBE_WAIT_MAX))
 
 
 def _other(mode: str) -> str:
@@ -384,6 +418,7 @@ class Memory:
     arm_tokens: dict = field(default_factory=dict)
     acceptance: dict = field(default_factory=dict)   # (option, match length or None) -> DepthAcceptance
     backoff: dict = field(default_factory=dict)
+    try_loss: dict = field(default_factory=dict)
     calibration: dict = field(default_factory=dict)
     batch: dict = field(default_factory=dict)        # (threads, batch size) -> BatchChoice
 
@@ -397,7 +432,8 @@ class Memory:
 
     def clear(self) -> None:
         for d in (self.times, self.seconds_per_token, self.catch_up_seconds, self.arm_seconds, self.arm_tokens,
-                  self.acceptance, self.backoff, self.calibration, self.batch):
+                  self.acceptance, self.backoff, self.try_loss, self.calibration,
+                  self.batch):
             d.clear()
 
 
@@ -431,14 +467,15 @@ class Auto(Proposer):
     session keeps one draft cache); ``gamma_max``: the longest chain a draft model is asked for; ``max_send``: the
     most copied tokens sent in one round; ``smoothing``: weight of the newest round in the moving averages;
     ``clock``: the timer (``time.perf_counter``; tests pass a fake one); ``memory``: the :class:`Memory` to keep
-    the machine's measurements in across generations (default: this controller's own). Choices follow measured
-    time, so a seeded sampled run is distributed as the target's but not reproducible from its seed alone."""
+    the machine's measurements in across generations (default: this controller's own); ``calibrate_copies``:
+    scale a copying option's promise by how the rounds its counts would send really fared (the module docstring;
+    False: trust the counts). Choices follow measured time, so a seeded sampled run is distributed as the target's but not reproducible from its seed alone."""
     batched = True   # in a batch, the sequences that chose the draft chain draft together (_draft_chains)
     timed = True     # its choices follow measured time: the same request, decoded twice, may take other rounds
     lazy_draft = True  # the draft catches up when the chain is first chosen (Chain.feed_batch), if it ever is
 
     def __init__(self, options: dict[str, Proposer], gamma_max: int = 8, max_send: int = 32, smoothing: float = 0.3,
-                 clock=time.perf_counter, memory: Memory | None = None):
+                 clock=time.perf_counter, memory: Memory | None = None, calibrate_copies: bool = True):
         drafts = {id(p.draft) for p in options.values() if p.draft is not None}
         if len(drafts) > 1:
             raise ValueError("auto: at most one option may use a draft model (a session keeps one draft cache)")
@@ -446,6 +483,7 @@ class Auto(Proposer):
             raise ValueError(f"auto: {PLAIN!r} is always an option; don't pass it")
         self.options = [Option(name, p, _kind(p)) for name, p in options.items()]
         self.gamma_max, self.max_send, self.smoothing, self.clock = gamma_max, max_send, smoothing, clock
+        self.calibrate_copies = calibrate_copies
         self.memory = Memory() if memory is None else memory
         self.draft = next((p.draft for p in options.values() if p.draft is not None), None)
         wanted = {p.needs_hidden for p in options.values() if p.needs_hidden}
@@ -483,7 +521,8 @@ class Auto(Proposer):
             o.catch_up_seconds = m.catch_up_seconds.get(o.name)
             o.arm_seconds = m.arm_seconds.get(o.name)
             o.arm_tokens = m.arm_tokens.get(o.name)
-            o.last_round, o.backoff = -1, min(m.backoff.get(o.name, 8), CARRIED_BACKOFF)
+            o.last_round, o.backoff = -1, m.backoff.get(o.name, 8)   # the wait it had left
+            o.try_loss = m.try_loss.get(o.name)
             o.calibration = m.calibration[o.name].carried() if o.name in m.calibration else TreeCalibration()
 
     def start(self, session) -> None:
@@ -503,7 +542,9 @@ class Auto(Proposer):
                 self.memory.acceptance[o.name, match] = a
             if o.arm_tokens is not None:
                 self.memory.arm_tokens[o.name] = o.arm_tokens
-            self.memory.backoff[o.name] = o.backoff
+            self.memory.backoff[o.name] = max(0, o.backoff - (self.round - max(o.last_round, 0)))  # the wait left
+            if o.try_loss is not None:
+                self.memory.try_loss[o.name] = o.try_loss
             self.memory.calibration[o.name] = o.calibration
             o.proposer.finish(progress)
 
@@ -575,7 +616,7 @@ class Auto(Proposer):
         if choice is not None and all(id(s) in ids for s in seqs):
             made = [s.proposer._tokens for s in last]
             tokens = sum(made) / len(made) if self.waiting else min(made)
-            choice.book(mode, tokens / max(now - start, 1e-9), self.smoothing)
+            choice.book(mode, tokens / max(now - start, 1e-9), self.smoothing, tokens)
 
     def _batch_choice(self, B: int) -> "BatchChoice":
         """The choice for batches of B sequences; a size not seen yet starts as a copy of the nearest size seen (a
@@ -597,16 +638,19 @@ class Auto(Proposer):
         return o.kind not in ("cheap", "scored") and self.round - o.last_round >= o.backoff
 
     def _best_length(self, acceptance: DepthAcceptance, most: int, draft_cost: float,
-                     fixed_cost: float = 0.0) -> tuple[float, int]:
+                     fixed_cost: float = 0.0, calibration: TreeCalibration | None = None) -> tuple[float, int]:
         """(expected tokens per second, k) of the best chain length k in 1..most under ``acceptance``, drafting
-        costing ``draft_cost`` per token plus ``fixed_cost`` per round."""
+        costing ``draft_cost`` per token plus ``fixed_cost`` per round; with a ``calibration``, the chance of
+        getting past each depth d is scaled by its c_d (a copying option's, :meth:`_observe_copy`)."""
         best = (0.0, 0)
         times = self.times.table(most + 1)
         if times is None:
             return best
-        for k, e in enumerate(acceptance.expected_tokens(most)):
-            if k:
-                best = max(best, (e / (times[k + 1] + draft_cost * k + fixed_cost), k))
+        e, reach = 1.0, 1.0
+        for k, p in enumerate(acceptance.ps(most), start=1):
+            reach *= p
+            e += reach if calibration is None else calibration.ratio(k) * reach
+            best = max(best, (e / (times[k + 1] + draft_cost * k + fixed_cost), k))
         return best
 
     def _catch_up_cost(self, o: Option, session, room: int) -> float:
@@ -662,8 +706,14 @@ class Auto(Proposer):
                     continue
                 if not prop.is_chain:
                     raise ValueError(f"auto: the cheap option {o.name!r} must propose a chain")
-                rate, k = self._best_length(o.acceptance_for(_match(o)), len(prop.candidates), 0.0)
-                cheap_proposals[o.name] = (prop, _match(o))
+                acceptance = o.acceptance_for(_match(o))
+                rate, k = self._best_length(acceptance, len(prop.candidates), 0.0)
+                # a round its own counts would send is one the counts look best in: its calibration is measured
+                # on those rounds, sent or not (see _observe_copy), and scales the counts' promise
+                reach = _reach(acceptance.ps(k)) if self.calibrate_copies and rate > 1.0 / t_plain else None
+                if self.calibrate_copies:
+                    rate, k = self._best_length(acceptance, len(prop.candidates), 0.0, calibration=o.calibration)
+                cheap_proposals[o.name] = (prop, _match(o), reach)
                 if rate > best_rate:
                     best_rate, best = rate, (o, k)
             elif o.kind == "scored":
@@ -765,7 +815,8 @@ class Auto(Proposer):
         elif o.kind != "cheap":
             o.proposer.observe(proposal, verified)
 
-    def _observe_copy(self, o: Option, proposal: Proposal, match: int | None, decided: list[int]) -> None:
+    def _observe_copy(self, o: Option, proposal: Proposal, match: int | None, reach: list[float] | None,
+                      decided: list[int]) -> None:
         """Count a copying option's acceptance by depth from its whole proposal of this round, whether it was sent
         (and cut) or not: its candidates against the tokens the round decided (the accepted ones and the target's
         own). A copied candidate is one-hot, so the chance that the target's decided token equals it is the
@@ -781,6 +832,10 @@ class Auto(Proposer):
         o.acceptance.observe(len(cands), j, censored)   # over all match lengths
         if match is not None:
             o.acceptance_for(match).observe(len(cands), j, censored)
+        if reach is not None:   # its counts would have sent k = len(reach) tokens: how far would they have got?
+            k = len(reach)
+            reached = min(j, k)
+            o.calibration.observe(reach, reached, reached if reached == len(decided) < k else k)
 
     @staticmethod
     def _observe_tree(o: Option, proposal: Proposal, by_depth: list[float], decided: list[int]) -> None:
@@ -802,19 +857,26 @@ class Auto(Proposer):
             o.arm_seconds = secs if o.arm_seconds is None else o.arm_seconds + self.smoothing * (secs - o.arm_seconds)
             o.arm_tokens = toks if o.arm_tokens is None else o.arm_tokens + self.smoothing * (toks - o.arm_tokens)
             self.memory.arm_seconds[_drafting_key(o.name, self._batch)] = o.arm_seconds
-            self._update_backoff(o, toks / secs)
+            self._update_arm_backoff(o)
             return
         times.add(width, now - (drafted_at if drafted_at is not None else t_start))
-        if o is not None:
-            self._update_backoff(o, self._tokens / max(now - t_start, 1e-9))
+        t_plain = self.times(1) if o is not None and o.kind == "chain" else None
+        if t_plain is not None:   # the chain's whole round, the draft's catch-up included, against plain steps
+            loss = (now - t_start) - self._tokens * t_plain
+            o.try_loss = loss if o.try_loss is None else o.try_loss + self.smoothing * (loss - o.try_loss)
+            o.backoff = probe_wait(o.try_loss, t_plain)
 
-    def _update_backoff(self, o: Option, rate: float) -> None:
-        """A probe that lost to plain decoding doubles the wait before the next one; a win resets it."""
+    def _update_arm_backoff(self, o: Option) -> None:
+        """An option's wait before its next try, from what a try costs: an arm's round takes ``arm_seconds`` and
+        makes ``arm_tokens`` (moving averages), which plain steps would make in ``arm_tokens`` t(1), so a losing
+        try costs the difference (a chain's the same, from its ``try_loss``, :meth:`_close_round`). The wait makes
+        those losses ``PROBE_BUDGET`` of the time (:func:`probe_wait`): an option that loses by little is re-tried
+        soon, one that loses by a lot (a model drafter whose first round of a request reads the whole prompt, or
+        whose passes cost more than what it is accepted for) rarely. The wait left goes on into the next
+        generation."""
         t_plain = self.times(1)
-        if t_plain is not None and rate < 1.0 / t_plain:
-            o.backoff = min(2 * o.backoff, 256)
-        else:
-            o.backoff = 8
+        if t_plain is not None:
+            o.backoff = probe_wait(o.arm_seconds - o.arm_tokens * t_plain, t_plain)
 
     # -- reporting --------------------------------------------------------------------------------------------
     def summary(self) -> dict[str, dict]:
