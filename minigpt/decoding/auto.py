@@ -31,7 +31,8 @@ seconds, and plain decoding yields 1 token in t_round(1). The options:
   how likely each of its nodes is (``last_probs``, from its counts), so the probability P_d that a round gets
   past depth d is the sum of its depth-d nodes'; the controller sends the tree when 1 + sum_d c_d P_d tokens in
   t(width) beat the other options, c_d being the measured (reached depth d) / (its P_d summed over rounds) at
-  each depth (:class:`TreeCalibration`): the counts' estimates are not equally wrong at every depth;
+  each depth (:class:`TreeCalibration`): the counts' estimates are not equally wrong at every depth. The rounds
+  counted are those whose tree the counts alone would have sent, for the same reason as a copy's;
 * **draft chains** (:class:`~.chain.Chain`): the controller picks gamma (0 .. ``gamma_max``) before drafting;
 * **any other proposer** (EAGLE's and Medusa's trees, lookup trees, lookahead) is an *arm*: its rate is measured
   as a whole (tokens per round over seconds per round).
@@ -51,8 +52,9 @@ accepts a child exactly when the target's token is that child). Other options
 that lose are re-tried now and then, so a change in the text is found; those probes are the controller's only
 cost when plain decoding is best, so they are spaced by what they cost: a draft chain or an arm is re-tried once
 the rounds since its last try make what a try loses (its measured seconds per round, the draft's catch-up
-included, against the plain steps that would make its tokens) ``PROBE_BUDGET`` (2%) of the time
-(:func:`probe_wait`), and the wait left goes on into the next generation. Re-tried after 8, 16, 32, ... rounds
+included, against the plain steps that would make its tokens) its share of ``PROBE_BUDGET`` (2% of the time,
+split evenly between the options that are re-tried: 1% each for a chain and EAGLE; :func:`probe_wait`), and the
+wait left goes on into the next generation. Re-tried after 8, 16, 32, ... rounds
 and again early in every request instead, SmolLM2's EAGLE head (whose first round in a request reads the whole
 prompt, and whose trees lose about a plain step on open chat) made the controller 7% slower on the development
 chat requests at 4 bits than the same controller without it.
@@ -75,7 +77,7 @@ from .verify import Verified
 
 PLAIN = "plain"
 MATCH_CAP = 8  # match lengths from here on share one count (suffix decoding's matches reach 20 tokens and more)
-PROBE_BUDGET = 0.02  # a losing option is re-tried when the time since its last try makes its loss this share of it
+PROBE_BUDGET = 0.02  # the share of the time the re-tries of losing options may lose, all of them together
 PROBE_WAIT_MAX = 512  # ... but after at most this many rounds (the wait left is carried across generations)
 CATCH_UP_MEASURED = 16  # a draft's catch-up over at least this many tokens is timed as its cost per token
 
@@ -388,13 +390,13 @@ class BatchChoice:
         return mode
 
 
-def probe_wait(loss: float, round_seconds: float) -> int:
+def probe_wait(loss: float, round_seconds: float, budget: float = PROBE_BUDGET) -> int:
     """Rounds to wait before re-trying an option whose try loses ``loss`` seconds against the best option, whose
-    rounds take ``round_seconds``: the rounds in between make the loss ``PROBE_BUDGET`` of the time (at least 8
+    rounds take ``round_seconds``: the rounds in between make the loss ``budget`` of the time (at least 8
     rounds, at most ``PROBE_WAIT_MAX``; 8 when a try does not lose)."""
     if loss <= 0:
         return 8
-    return int(min(max(8.0, loss / (PROBE_BUDGET * round_seconds)), PROBE_WAIT_MAX))
+    return int(min(max(8.0, loss / (budget * round_seconds)), PROBE_WAIT_MAX))
 
 
 def _other(mode: str) -> str:
@@ -469,7 +471,8 @@ class Auto(Proposer):
     ``clock``: the timer (``time.perf_counter``; tests pass a fake one); ``memory``: the :class:`Memory` to keep
     the machine's measurements in across generations (default: this controller's own); ``calibrate_copies``:
     scale a copying option's promise by how the rounds its counts would send really fared (the module docstring;
-    False: trust the counts). Choices follow measured time, so a seeded sampled run is distributed as the target's but not reproducible from its seed alone."""
+    False: trust the counts). Choices follow measured time, so a seeded sampled run is distributed as the
+    target's but not reproducible from its seed alone."""
     batched = True   # in a batch, the sequences that chose the draft chain draft together (_draft_chains)
     timed = True     # its choices follow measured time: the same request, decoded twice, may take other rounds
     lazy_draft = True  # the draft catches up when the chain is first chosen (Chain.feed_batch), if it ever is
@@ -484,6 +487,8 @@ class Auto(Proposer):
         self.options = [Option(name, p, _kind(p)) for name, p in options.items()]
         self.gamma_max, self.max_send, self.smoothing, self.clock = gamma_max, max_send, smoothing, clock
         self.calibrate_copies = calibrate_copies
+        # the options that are re-tried (a chain, the arms) share the budget of time their losing tries may cost
+        self.probe_budget = PROBE_BUDGET / max(1, sum(o.kind in ("chain", "arm") for o in self.options))
         self.memory = Memory() if memory is None else memory
         self.draft = next((p.draft for p in options.values() if p.draft is not None), None)
         wanted = {p.needs_hidden for p in options.values() if p.needs_hidden}
@@ -722,8 +727,11 @@ class Auto(Proposer):
                     continue
                 width = len(prop.tokens) + len(prop.extra_tokens)
                 by_depth = depth_probabilities(prop, o.proposer.last_probs)
-                rate = (1 + o.calibration.expected_tokens(by_depth)) / self.times(width)
-                cheap_proposals[o.name] = (prop, by_depth)
+                t_width = self.times(width)
+                rate = (1 + o.calibration.expected_tokens(by_depth)) / t_width
+                # calibrated on the rounds its own counts would send (all rounds without calibrate_copies)
+                judged = not self.calibrate_copies or (1 + sum(by_depth)) / t_width > 1.0 / t_plain
+                cheap_proposals[o.name] = (prop, by_depth if judged else None)
                 if rate > best_rate:
                     best_rate, best = rate, (o, None)
             elif o.kind == "chain":
@@ -803,7 +811,7 @@ class Auto(Proposer):
             if other.name in self._copies:
                 if other.kind == "cheap":
                     self._observe_copy(other, *self._copies[other.name], verified.tokens)
-                elif other.kind == "scored":
+                elif other.kind == "scored" and self._copies[other.name][1] is not None:
                     self._observe_tree(other, *self._copies[other.name], verified.tokens)
         if o is None:
             return
@@ -864,19 +872,19 @@ class Auto(Proposer):
         if t_plain is not None:   # the chain's whole round, the draft's catch-up included, against plain steps
             loss = (now - t_start) - self._tokens * t_plain
             o.try_loss = loss if o.try_loss is None else o.try_loss + self.smoothing * (loss - o.try_loss)
-            o.backoff = probe_wait(o.try_loss, t_plain)
+            o.backoff = probe_wait(o.try_loss, t_plain, self.probe_budget)
 
     def _update_arm_backoff(self, o: Option) -> None:
         """An option's wait before its next try, from what a try costs: an arm's round takes ``arm_seconds`` and
         makes ``arm_tokens`` (moving averages), which plain steps would make in ``arm_tokens`` t(1), so a losing
         try costs the difference (a chain's the same, from its ``try_loss``, :meth:`_close_round`). The wait makes
-        those losses ``PROBE_BUDGET`` of the time (:func:`probe_wait`): an option that loses by little is re-tried
-        soon, one that loses by a lot (a model drafter whose first round of a request reads the whole prompt, or
-        whose passes cost more than what it is accepted for) rarely. The wait left goes on into the next
-        generation."""
+        those losses its share of ``PROBE_BUDGET`` (:attr:`probe_budget`, :func:`probe_wait`): an option that
+        loses by little is re-tried soon, one that loses by a lot (a model drafter whose first round of a request
+        reads the whole prompt, or whose passes cost more than what it is accepted for) rarely. The wait left goes
+        on into the next generation."""
         t_plain = self.times(1)
         if t_plain is not None:
-            o.backoff = probe_wait(o.arm_seconds - o.arm_tokens * t_plain, t_plain)
+            o.backoff = probe_wait(o.arm_seconds - o.arm_tokens * t_plain, t_plain, self.probe_budget)
 
     # -- reporting --------------------------------------------------------------------------------------------
     def summary(self) -> dict[str, dict]:
