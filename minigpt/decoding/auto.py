@@ -54,10 +54,10 @@ cost when plain decoding is best, so they are spaced by what they cost: a draft 
 the rounds since its last try make what a try loses (its measured seconds per round, the draft's catch-up
 included, against the plain steps that would make its tokens) its share of ``PROBE_BUDGET`` (2% of the time,
 split evenly between the options that are re-tried: 1% each for a chain and EAGLE; :func:`probe_wait`), and the
-wait left goes on into the next generation. Re-tried after 8, 16, 32, ... rounds
-and again early in every request instead, SmolLM2's EAGLE head (whose first round in a request reads the whole
-prompt, and whose trees lose about a plain step on open chat) made the controller 7% slower on the development
-chat requests at 4 bits than the same controller without it.
+wait left goes on into the next generation. Re-tried after 8, 16, 32, ... rounds and again early in every request
+instead, SmolLM2's EAGLE head (whose first round in a request reads the whole prompt, and whose trees lose about
+a plain step on open chat) made the controller 7% slower on the development chat requests at 4 bits than the
+same controller without it.
 ``Auto.choices`` records every round (option, tokens proposed, tokens kept) and :meth:`Auto.summary` how often
 each option was taken and its tokens per target pass.
 """
@@ -272,15 +272,6 @@ class TreeCalibration:
             out.reached.append(r * scale)
             out.expected.append(e * scale)
         return out
-
-
-def _reach(ps: list[float]) -> list[float]:
-    """[P_1 .. P_k]: the chance that a chain gets past depth d, the product of p_1 .. p_d."""
-    out, reach = [], 1.0
-    for p in ps:
-        reach *= p
-        out.append(reach)
-    return out
 
 
 def depth_probabilities(proposal: Proposal, probs: list[float]) -> list[float]:
@@ -643,20 +634,37 @@ class Auto(Proposer):
         return o.kind not in ("cheap", "scored") and self.round - o.last_round >= o.backoff
 
     def _best_length(self, acceptance: DepthAcceptance, most: int, draft_cost: float,
-                     fixed_cost: float = 0.0, calibration: TreeCalibration | None = None) -> tuple[float, int]:
+                     fixed_cost: float = 0.0) -> tuple[float, int]:
         """(expected tokens per second, k) of the best chain length k in 1..most under ``acceptance``, drafting
-        costing ``draft_cost`` per token plus ``fixed_cost`` per round; with a ``calibration``, the chance of
-        getting past each depth d is scaled by its c_d (a copying option's, :meth:`_observe_copy`)."""
+        costing ``draft_cost`` per token plus ``fixed_cost`` per round."""
         best = (0.0, 0)
         times = self.times.table(most + 1)
         if times is None:
             return best
-        e, reach = 1.0, 1.0
+        for k, e in enumerate(acceptance.expected_tokens(most)):
+            if k:
+                best = max(best, (e / (times[k + 1] + draft_cost * k + fixed_cost), k))
+        return best
+
+    def _copy_lengths(self, acceptance: DepthAcceptance, most: int, calibration: TreeCalibration | None):
+        """A copying option's best length in 1..most, in one pass over its depths: ((rate, k) by its counts alone,
+        (rate, k) with the chance of getting past each depth d scaled by the ``calibration``'s c_d (None: the
+        counts' own again), and [P_1 .. P_k] of the counts' own k, on which the calibration is measured)."""
+        raw = scaled = (0.0, 0)
+        times = self.times.table(most + 1)
+        if times is None:
+            return raw, scaled, []
+        e_raw = e_scaled = reach = 1.0
+        reaches = []
         for k, p in enumerate(acceptance.ps(most), start=1):
             reach *= p
-            e += reach if calibration is None else calibration.ratio(k) * reach
-            best = max(best, (e / (times[k + 1] + draft_cost * k + fixed_cost), k))
-        return best
+            reaches.append(reach)
+            e_raw += reach
+            raw = max(raw, (e_raw / times[k + 1], k))
+            if calibration is not None:
+                e_scaled += calibration.ratio(k) * reach
+                scaled = max(scaled, (e_scaled / times[k + 1], k))
+        return raw, (raw if calibration is None else scaled), reaches[:raw[1]]
 
     def _catch_up_cost(self, o: Option, session, room: int) -> float:
         """What a return to the chain adds to its round: first the draft reads every token it has not seen
@@ -711,14 +719,12 @@ class Auto(Proposer):
                     continue
                 if not prop.is_chain:
                     raise ValueError(f"auto: the cheap option {o.name!r} must propose a chain")
-                acceptance = o.acceptance_for(_match(o))
-                rate, k = self._best_length(acceptance, len(prop.candidates), 0.0)
+                (raw_rate, _), (rate, k), reach = self._copy_lengths(
+                    o.acceptance_for(_match(o)), len(prop.candidates), o.calibration if self.calibrate_copies else None)
                 # a round its own counts would send is one the counts look best in: its calibration is measured
                 # on those rounds, sent or not (see _observe_copy), and scales the counts' promise
-                reach = _reach(acceptance.ps(k)) if self.calibrate_copies and rate > 1.0 / t_plain else None
-                if self.calibrate_copies:
-                    rate, k = self._best_length(acceptance, len(prop.candidates), 0.0, calibration=o.calibration)
-                cheap_proposals[o.name] = (prop, _match(o), reach)
+                judged = self.calibrate_copies and raw_rate > 1.0 / t_plain
+                cheap_proposals[o.name] = (prop, _match(o), reach if judged else None)
                 if rate > best_rate:
                     best_rate, best = rate, (o, k)
             elif o.kind == "scored":
