@@ -56,6 +56,7 @@ STUB_LINE = re.compile(r"^[ \t]*raise NotImplementedError\(.*\)[ \t]*$")
 STREAM_LIMIT = 64 * 1024  # characters of stdout + stderr kept per cell (kernel side and grader side)
 NOTEBOOK_SIZE_LIMIT = 100 * 1024 * 1024  # a submission file larger than this is not read (saved outputs count)
 MEMORY_LIMIT_MB = 6144  # address space of one kernel (Linux); torch alone reserves about 1.5 GB of it
+KERNEL_STARTS = 3  # tries to start a notebook's kernel before it is reported as not run
 
 
 def _one_line(text: str, limit: int = 160) -> str:
@@ -272,10 +273,27 @@ def _cell_problem(cell, source: str) -> str | None:
     return None
 
 
+class _NoKernel(Exception):
+    """The kernel did not start: nothing of the notebook ran (its cause is the error that said so)."""
+
+
 def execute(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, notebook_timeout: float,
             memory_limit_mb: int = MEMORY_LIMIT_MB) -> None:
     """Run ``cells`` in one fresh kernel, each check cell against a :class:`~minigpt.grading.judge.Judge` in this
-    process; fill ``graded.results``, each cell's ``problem`` and ``stopped``."""
+    process; fill ``graded.results``, each cell's ``problem`` and ``stopped``. A kernel that fails to start (on a
+    machine busy with a class's other jobs, it may not answer in time) is started again, up to ``KERNEL_STARTS``
+    times: none of the notebook's code has run then, so nothing a learner wrote can cause or use it."""
+    for _ in range(KERNEL_STARTS):
+        try:
+            return _execute_once(graded, cells, folder, timeout, notebook_timeout, memory_limit_mb)
+        except _NoKernel as e:
+            error = e.__cause__
+    graded.stopped = f"could not run the notebook ({type(error).__name__}: {_one_line(error)})"
+
+
+def _execute_once(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, notebook_timeout: float,
+                  memory_limit_mb: int) -> None:
+    """:func:`execute`, one kernel; raises :class:`_NoKernel` if that kernel did not start."""
     import nbformat
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -303,8 +321,10 @@ def execute(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, 
         client.kept = {}
         deadline = time.monotonic() + notebook_timeout
         current = "the grader's setup cell"
+        started = False
         try:
             with client.setup_kernel(env=env, cwd=str(folder), stderr=subprocess.DEVNULL, cleanup_kc=True):
+                started = True
                 for index, cell in enumerate(nb.cells):
                     graded.stop_index = index - 1  # until the loop completes
                     run = cells[index - 1] if index else None
@@ -336,9 +356,13 @@ def execute(graded: Graded, cells: list[RunCell], folder: Path, timeout: float, 
                 graded.stop_index = None
         except CellTimeoutError:
             graded.stopped = f"the notebook ran past its {notebook_timeout:g} s limit before {current}"
-        except DeadKernelError:
+        except DeadKernelError as e:
+            if not started:
+                raise _NoKernel() from e
             graded.stopped = f"the kernel died in {current}"
         except Exception as e:  # kernel failed to start, or died between cells
+            if not started:
+                raise _NoKernel() from e
             graded.stopped = f"could not run the notebook ({type(e).__name__}: {_one_line(e)})"
         finally:
             judge.close_cell()

@@ -242,3 +242,39 @@ def test_renamed_nested_and_flat_submissions_are_graded_and_tabulated(tmp_path):
     for student, row in rows.items():
         assert row[1] == str(flops) and row[2:-2] == ["0"] * (len(EX02) - 1), row
         assert row[-2:] == [str(flops), str(total)], row
+
+
+def _flaky_client(monkeypatch, failures: int):
+    """Make the grader's first ``failures`` kernel starts fail as a busy machine's do (the kernel does not answer
+    kernel_info), before any of the notebook's code runs; returns the list of start attempts."""
+    import minigpt.grade as grade
+    real = grade._client_class()
+    tries = []
+
+    class Flaky(real):
+        def setup_kernel(self, **kwargs):
+            tries.append(1)
+            if len(tries) <= failures:
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            return super().setup_kernel(**kwargs)
+
+    monkeypatch.setattr(grade, "_client_class", lambda: Flaky)
+    return tries
+
+
+@pytest.mark.parametrize("failures", [1, 3])
+def test_a_kernel_that_fails_to_start_is_started_again_and_then_reported_in_one_line(tmp_path, monkeypatch, failures):
+    """A kernel that did not start ran nothing of the notebook, so it is started again (up to KERNEL_STARTS times);
+    the notebook is then run as usual, or, if it never starts, reported as not run, with the reason in one line."""
+    from minigpt.grade import KERNEL_STARTS, execute
+    from minigpt.grading.reports import Graded, RunCell
+    tries = _flaky_client(monkeypatch, failures)
+    graded = Graded("nb.ipynb")
+    cells = [RunCell("learner", "x = 6 * 7\nprint(x)", "cell 1")]
+    execute(graded, cells, tmp_path, timeout=60, notebook_timeout=120)
+    if failures < KERNEL_STARTS:
+        assert len(tries) == failures + 1 and graded.stopped is None and cells[0].problem is None
+    else:
+        assert len(tries) == KERNEL_STARTS
+        assert graded.stopped == ("could not run the notebook (RuntimeError: Kernel died before replying to "
+                                  "kernel_info)")
