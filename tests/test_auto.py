@@ -78,23 +78,44 @@ def test_round_times_interpolate_and_extrapolate():
     assert rt(9) == pytest.approx(3.0)             # the fitted slope beyond them
 
 
-def test_round_times_never_believe_a_narrow_round_slower_than_a_wider_one():
-    """The table is built in one pass; every width must still read its own estimate capped by every seen wider
-    width's time (a narrow width timed in a slow moment is not believed over faster wider rounds)."""
+def test_round_times_are_the_closest_non_decreasing_fit_weighted_by_rounds():
+    """A pass over more tokens never costs less: the table is non-decreasing in width, and at the seen widths it is
+    the weighted isotonic fit of their averages (checked against the max-min formula: the fit at width i is the
+    largest over j <= i of the smallest over k >= i of the weighted mean of widths j..k), a width's weight the
+    rounds behind it, at most the moving average's effective 2 / smoothing - 1."""
     import random
     rng = random.Random(0)
     for _ in range(300):
-        rt = RoundTimes(smoothing=1.0)
-        for _ in range(rng.randint(1, 10)):
+        smoothing = rng.choice([0.3, 1.0])
+        rt = RoundTimes(smoothing=smoothing)
+        for _ in range(rng.randint(1, 25)):
             rt.add(rng.randint(1, 30), rng.uniform(1.0, 3.0))
-        seen = dict(rt.by_width)
         table = rt.table(34)
-        for w in range(1, 35):
-            wider = [t for v, t in seen.items() if v > w]
-            assert table[w] <= min(wider, default=float("inf")) + 1e-12
-            if w in seen:
-                assert table[w] == pytest.approx(min([seen[w]] + wider))
-            assert rt(w) == table[w]
+        assert all(a <= b + 1e-12 for a, b in zip(table[1:], table[2:]))
+        ws = sorted(rt.by_width)
+        weight = [min(rt.rounds[w], 2 / smoothing - 1) for w in ws]
+
+        def mean(j, k):
+            return sum(weight[i] * rt.by_width[ws[i]] for i in range(j, k + 1)) / sum(weight[j:k + 1])
+        for i, w in enumerate(ws):
+            fit = max(min(mean(j, k) for k in range(i, len(ws))) for j in range(i + 1))
+            assert table[w] == pytest.approx(fit)
+        assert all(rt(w) == table[w] for w in range(1, 35))
+
+
+def test_one_fast_round_at_a_rare_width_does_not_make_narrower_rounds_cheap():
+    """Widths 1 and 2 timed in many rounds, width 4 once and faster than both (noise): the fit pools width 4 with
+    width 2, weighted by their rounds, and leaves width 1 alone; capping every width by the wider ones' times
+    read all three as 8.5."""
+    rt = RoundTimes(smoothing=0.3)
+    for _ in range(20):
+        rt.add(1, 9.0)
+        rt.add(2, 10.5)
+    rt.add(4, 8.5)
+    most = 2 / 0.3 - 1
+    pooled = (10.5 * most + 8.5) / (most + 1)
+    assert rt(1) == pytest.approx(9.0)
+    assert rt(2) == pytest.approx(pooled) and rt(3) == pytest.approx(pooled) and rt(4) == pytest.approx(pooled)
 
 
 def test_depth_acceptance_counts_only_tested_depths():
@@ -166,7 +187,7 @@ class LosingArm(Proposer):
 
 @pytest.mark.parametrize("cost, most, least", [(3.0, 3, 1), (0.05, 40, 12)])
 def test_a_losing_arm_is_retried_as_often_as_its_loss_allows(cost, most, least):
-    """An arm that loses is re-tried once the rounds since its last try make its loss PROBE_BUDGET (2%) of the time,
+    """An arm that loses is re-tried once the rounds since its last try make its loss PROBE_BUDGET (1%) of the time,
     and the wait carries over to the next request: over 5 requests of 40 tokens, an arm that loses 3 plain rounds'
     time per try is tried once or twice (re-tried at every request, it was tried at least 5 times), one that loses
     5% of a round every 8 rounds."""
@@ -405,6 +426,61 @@ def test_a_copier_is_sent_on_what_the_rounds_its_counts_would_send_keep():
     assert good_cal >= 0.9 * good_raw
 
 
+class CoinTree(Proposer):
+    """A scored drafter (suffix decoding's kind) whose one candidate claims probability 0.9 every round, but is the
+    target's next greedy token with probability 0.2 after a one-token match and 0.95 after a six-token match, the
+    two alternating at random; ``tell_match`` False hides the match length (one calibration for all rounds)."""
+    scored = True
+    max_width = 2
+
+    def __init__(self, reference, seed, tell_match=True):
+        self.reference, self.rng, self.tell_match = reference, random.Random(seed), tell_match
+        self.last_probs = [0.9]
+        self.matches = []   # each round's match length, told or not
+
+    def propose(self, session, room):
+        right = self.reference[len(session.seq)]
+        match = self.rng.choice([1, 6])
+        self.last_match = match if self.tell_match else None
+        good = self.rng.random() < (0.2 if match == 1 else 0.95)
+        self.matches.append(match)
+        return Proposal([session.seq[-1], right if good else (right + 1) % 50], [-1, 0])
+
+
+def _tree_race(tell_match, seeds=range(3), n=240):
+    """(rounds sent after a one-token match, after a six-token one, fake seconds), summed over ``seeds``; a target
+    pass costs 1 + 0.5 (width - 1), so a candidate pays only if it is accepted more than half the time."""
+    target = random_model(0, block_size=512)
+    prompt = [5, 6, 7, 8, 9]
+    reference = prompt + generate(target, prompt, n)
+    short = long = seconds = 0.0
+    for seed in seeds:
+        clock = FakeClock()
+        hook = clock.charge(target, lambda w: 1.0 + 0.5 * (w - 1))
+        coin = CoinTree(reference, seed, tell_match)
+        auto = Auto({"coin": coin}, clock=clock)
+        out, _ = decode(target, prompt, n, auto)
+        hook.remove()
+        assert out == reference[len(prompt):]
+        for (name, _, _), match in zip(auto.choices[1:], coin.matches):   # the first round is plain, unasked
+            short += name == "coin" and match == 1
+            long += name == "coin" and match == 6
+        seconds += clock.t
+    return short, long, seconds
+
+
+def test_a_scored_tree_is_calibrated_per_match_length():
+    """A tree grown after a one-token match is a far weaker bet than its counts say, one after a long match nearly
+    as good: calibrated per match length, the weak ones (accepted 20% of the time, a loss) are sent rarely and the
+    strong ones (95%, a gain) in most of their rounds, and the generation takes less time than with one calibration
+    for every round, which, averaging the two, sends both."""
+    short, long, seconds = _tree_race(True)
+    short_one, long_one, seconds_one = _tree_race(False)
+    assert short < 0.2 * long and long > 0.8 * long_one
+    assert short_one > 0.5 * long_one      # one calibration for all: the weak trees go out too
+    assert seconds < seconds_one
+
+
 @pytest.mark.parametrize("regime", ["plain pays", "speculation pays"])
 def test_a_batch_chooses_plain_steps_when_its_wide_passes_cost_more_than_they_make(regime):
     """In a batch, one sequence's wide proposal widens every sequence's pass; the batch's own tokens per second
@@ -489,12 +565,12 @@ def test_a_shrinking_batch_keeps_its_choice_as_sequences_finish():
     assert widths[-6:] == [1] * 6, widths[-10:]   # the shrinking tail stepped plainly
 
 
-@pytest.mark.parametrize("slow, wait", [(6.0, 33), (2.0, 200)])
+@pytest.mark.parametrize("slow, wait", [(6.0, 66), (3.0, 233)])
 def test_the_batch_choice_retries_the_losing_mode_as_rarely_as_its_loss_asks(slow, wait):
     """Both modes measured first; then the better one, with the other re-tried once the rounds since its last try
-    make what a try loses 2% of the time (only those re-tries are flagged ``probing``): a speculating round at 6
-    tokens/s per sequence against plain's 10 loses 1/6 - 1/10 s, a plain round takes 1/10 s, so it waits 33 rounds;
-    at 2 tokens/s, 200. A probe that wins makes its mode the one taken."""
+    make what a try loses 1% of the time (only those re-tries are flagged ``probing``): a speculating round at 6
+    tokens/s per sequence against plain's 10 loses 1/6 - 1/10 s, a plain round takes 1/10 s, so it waits 66 rounds;
+    at 3 tokens/s, 233. A probe that wins makes its mode the one taken."""
     from minigpt.decoding.auto import BatchChoice
     choice, taken, probing = BatchChoice(), [], []
     for _ in range(420):
@@ -546,10 +622,10 @@ def test_suffix_trees_are_counted_every_round_as_deep_as_a_sent_round_accepts():
     rounds = []   # (sent, depth the decided tokens walk down the tree, tokens decided)
     observe = auto._observe_tree
 
-    def spy(o, proposal, by_depth, decided):
+    def spy(o, proposal, by_depth, calibration, decided):
         depth = reached_depth(proposal, decided)
         rounds.append((auto._pending[0] is o, depth, len(decided)))
-        observe(o, proposal, by_depth, decided)
+        observe(o, proposal, by_depth, calibration, decided)
 
     auto._observe_tree = spy
     for prompt in (text * 2 + [3], text + [7] + text[:4], [1, 2, 3, 4] * 6):

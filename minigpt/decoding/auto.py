@@ -26,13 +26,17 @@ seconds, and plain decoding yields 1 token in t_round(1). The options:
   Their counts are right on average, but the rounds whose counts promise most are the ones sent (the winner's
   curse: a short match's count rises after two lucky copies, is sent, and falls back), so the chance of getting
   past depth d is scaled by a c_d measured on the rounds the counts alone would have sent, sent or not (the
-  decided tokens say how far the copy would have got), as for scored trees below;
+  decided tokens say how far the copy would have got), kept per match length like the counts (a length's c_d
+  starts from the one over all lengths), as for scored trees below;
 * **scored drafters** (suffix decoding's tree, ``scored = True``): also free to propose, and each proposal says
   how likely each of its nodes is (``last_probs``, from its counts), so the probability P_d that a round gets
   past depth d is the sum of its depth-d nodes'; the controller sends the tree when 1 + sum_d c_d P_d tokens in
   t(width) beat the other options, c_d being the measured (reached depth d) / (its P_d summed over rounds) at
   each depth (:class:`TreeCalibration`): the counts' estimates are not equally wrong at every depth. The rounds
-  counted are those whose tree the counts alone would have sent, for the same reason as a copy's;
+  counted are those whose tree the counts alone would have sent, for the same reason as a copy's, and c_d is kept
+  per match length (``last_match``, from the one over all lengths as its prior, as for a copy): on open text a
+  string seen once and matched on one token says "what followed it last time" with a count of 1, which the
+  counts call certain and which is seldom right, while a match of six tokens that occurred before is a copy;
 * **draft chains** (:class:`~.chain.Chain`): the controller picks gamma (0 .. ``gamma_max``) before drafting;
 * **any other proposer** (EAGLE's and Medusa's trees, lookup trees, lookahead) is an *arm*: its rate is measured
   as a whole (tokens per round over seconds per round).
@@ -49,11 +53,12 @@ it is the chance it would have been accepted): its acceptance stays current thro
 is counted the same way: the decided tokens walk down it as far as it has their nodes, which is how deep the
 round would have accepted it (the greedy rule accepts the deepest path that agrees; the exact sampled rule
 accepts a child exactly when the target's token is that child). Other options
-that lose are re-tried now and then, so a change in the text is found; those probes are the controller's only
+that lose are re-tried now and then, so a change in the text is found; beside the decision itself (its
+bookkeeping took about 2% of a SmolLM2 step at 4 bits on this course's CPU), those probes are the controller's
 cost when plain decoding is best, so they are spaced by what they cost: a draft chain or an arm is re-tried once
 the rounds since its last try make what a try loses (its measured seconds per round, the draft's catch-up
-included, against the plain steps that would make its tokens) its share of ``PROBE_BUDGET`` (2% of the time,
-split evenly between the options that are re-tried: 1% each for a chain and EAGLE; :func:`probe_wait`), and the
+included, against the plain steps that would make its tokens) its share of ``PROBE_BUDGET`` (1% of the time,
+split evenly between the options that are re-tried: 0.5% each for a chain and EAGLE; :func:`probe_wait`), and the
 wait left goes on into the next generation. Re-tried after 8, 16, 32, ... rounds and again early in every request
 instead, SmolLM2's EAGLE head (whose first round in a request reads the whole prompt, and whose trees lose about
 a plain step on open chat) made the controller 7% slower on the development chat requests at 4 bits than the
@@ -77,7 +82,7 @@ from .verify import Verified
 
 PLAIN = "plain"
 MATCH_CAP = 8  # match lengths from here on share one count (suffix decoding's matches reach 20 tokens and more)
-PROBE_BUDGET = 0.02  # the share of the time the re-tries of losing options may lose, all of them together
+PROBE_BUDGET = 0.01  # the share of the time the re-tries of losing options may lose, all of them together
 PROBE_WAIT_MAX = 512  # ... but after at most this many rounds (the wait left is carried across generations)
 CATCH_UP_MEASURED = 16  # a draft's catch-up over at least this many tokens is timed as its cost per token
 
@@ -87,26 +92,46 @@ class RoundTimes:
     interpolated between the nearest seen ones, or extrapolated with the least-squares slope of those seen
     (before two widths are seen: for a batch of B sequences, whose round of width w scores B * w tokens, B times
     the slope per token of the one-sequence table ``base``, when that has one; else ``prior_slope`` times the
-    one-token round per extra token). A pass over more
-    tokens never costs less than one over fewer, so every estimate is capped by each wider width's: a width
-    timed once, in a slow moment (the process's first passes, a disturbed machine), is not believed over wider
-    rounds that were faster.
+    one-token round per extra token). A pass over more tokens never costs less than one over fewer, so the
+    measured widths are first made non-decreasing (:meth:`monotone`: the closest non-decreasing sequence, each width
+    weighted by the rounds behind its average): a width timed in few rounds, in a slow moment or a fast one, is
+    pooled with its neighbours rather than believed over widths timed in many rounds. (Capping each width by every
+    wider one's time, as this table did before, let one lucky round at a rarely used width pull every narrower
+    width down to it: on SmolLM2 at 4 bits, a width-4 round once timed below width 3 made copies of 2-3 tokens look
+    as cheap as a plain step.)
 
     The controller reads many widths a round and the table changes after every round, so :meth:`table` builds
-    all the estimates at once in one pass over the widths (the cap is a running minimum from the widest width
-    down), rather than each width's from scratch."""
+    all the estimates at once in one pass over the widths, rather than each width's from scratch."""
 
     def __init__(self, smoothing: float = 0.3, prior_slope: float = 0.05, base: "RoundTimes | None" = None,
                  batch: int = 1):
         self.smoothing, self.prior_slope, self.base, self.batch = smoothing, prior_slope, base, batch
         self.by_width: dict[int, float] = {}
+        self.rounds: dict[int, int] = {}   # rounds timed at each width
         self._table: list[float] | None = None
 
     def add(self, width: int, seconds: float) -> None:
         seconds = max(seconds, 1e-9)  # a coarse clock may read 0 for a round
         old = self.by_width.get(width)
         self.by_width[width] = seconds if old is None else old + self.smoothing * (seconds - old)
+        self.rounds[width] = self.rounds.get(width, 0) + 1
         self._table = None
+
+    def monotone(self) -> dict[int, float]:
+        """The seen widths' times made non-decreasing in width: the non-decreasing sequence closest to them in
+        weighted least squares (pool adjacent violators), a width's weight the rounds behind its moving average, at
+        most the average's effective number of rounds (2 / smoothing - 1: about 5.7 at 0.3)."""
+        most = 2.0 / self.smoothing - 1.0
+        blocks: list[list] = []   # [weighted sum, weight, widths], their means increasing
+        for w in sorted(self.by_width):
+            weight = min(float(self.rounds.get(w, 1)), most)
+            blocks.append([self.by_width[w] * weight, weight, [w]])
+            while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
+                total, weight, widths = blocks.pop()
+                blocks[-1][0] += total
+                blocks[-1][1] += weight
+                blocks[-1][2] += widths
+        return {w: total / weight for total, weight, widths in blocks for w in widths}
 
     def table(self, max_width: int) -> list[float] | None:
         """``[t(1), t(1), t(2), ..., t(max_width)]`` (index = width; at least that long), kept until the next
@@ -133,32 +158,27 @@ class RoundTimes:
         return max(0.0, sum((w - mean_w) * (t[w] - mean_t) for w in ws) / var)
 
     def _build(self, top: int) -> list[float]:
-        """Every width's estimate up to ``top`` (at least the widest seen): its own (measured, interpolated
-        between the seen widths around it, or extrapolated beyond them), then capped by the seen wider ones."""
-        ws = sorted(self.by_width)
-        t = self.by_width
-        slope = self.fitted_slope()
-        if slope is None:
-            per_token = None if self.base is None else self.base.fitted_slope()
-            slope = self.prior_slope * t[ws[0]] if per_token is None else self.batch * per_token
+        """Every width's estimate up to ``top`` (at least the widest seen): the seen widths' :meth:`monotone` times,
+        interpolated between them, extrapolated beyond them."""
+        t = self.monotone()
+        ws = sorted(t)
+        first, last = ws[0], ws[-1]
         own = [0.0] * (top + 1)
-        i = 0  # ws[i] is the narrowest seen width >= w
-        for w in range(1, top + 1):
-            while i < len(ws) and ws[i] < w:
-                i += 1
-            if i < len(ws) and ws[i] == w:
-                own[w] = t[w]
-            elif 0 < i < len(ws):
-                a, b = ws[i - 1], ws[i]
-                own[w] = t[a] + (t[b] - t[a]) * (w - a) / (b - a)
-            else:
-                edge = ws[0] if i == 0 else ws[-1]
-                own[w] = max(1e-9, t[edge] + slope * (w - edge))
-        cap = float("inf")  # the fastest seen width above w
-        for w in range(top, 0, -1):
-            own[w] = min(own[w], cap)
-            if w in t:
-                cap = min(cap, t[w])
+        if first > 1 or top > last:   # widths beyond those seen: extrapolated
+            slope = self.fitted_slope()
+            if slope is None:
+                per_token = None if self.base is None else self.base.fitted_slope()
+                slope = self.prior_slope * t[first] if per_token is None else self.batch * per_token
+            for w in range(1, first):
+                own[w] = max(1e-9, t[first] + slope * (w - first))
+            for w in range(last + 1, top + 1):
+                own[w] = t[last] + slope * (w - last)
+        for a, b in zip(ws, ws[1:]):   # seen widths, and the widths between two seen ones interpolated
+            ta, tb = t[a], t[b]
+            own[a] = ta
+            for w in range(a + 1, b):
+                own[w] = ta + (tb - ta) * (w - a) / (b - a)
+        own[last] = t[last]
         own[0] = own[1]
         return own
 
@@ -175,6 +195,7 @@ class DepthAcceptance:
     accepted: list[float] = field(default_factory=list)
     tested: list[float] = field(default_factory=list)
     parent: "DepthAcceptance | None" = None
+    _expected: dict = field(default_factory=dict, repr=False, compare=False)  # expected_tokens(k), until observe
 
     def p(self, depth: int) -> float:
         return self.ps(depth)[-1]
@@ -200,6 +221,7 @@ class DepthAcceptance:
         next one tested and rejected, deeper ones never tested). ``censored``: the first ``accepted`` stood and
         nothing is known of the next one (a proposal checked against fewer decided tokens than it has)."""
         tested = accepted if censored else min(proposed, accepted + 1)
+        self._expected.clear()
         while len(self.tested) < tested:
             self.tested.append(0.0)
             self.accepted.append(0.0)
@@ -217,12 +239,18 @@ class DepthAcceptance:
         return out
 
     def expected_tokens(self, k: int) -> list[float]:
-        """E(0..k): the tokens a round yields with a chain of 0..k drafted tokens (the target's own included)."""
+        """E(0..k): the tokens a round yields with a chain of 0..k drafted tokens (the target's own included).
+        Kept until the next :meth:`observe` when there is no parent (a draft chain's count changes only in the
+        rounds it drafts, and the controller reads it every round)."""
+        if k in self._expected:
+            return self._expected[k]
         out, e, reach = [1.0], 1.0, 1.0
         for p in self.ps(k):
             reach *= p
             e += reach
             out.append(e)
+        if self.parent is None:
+            self._expected[k] = out
         return out
 
 
@@ -231,19 +259,25 @@ class TreeCalibration:
     """How far a scored drafter's own estimates are to be trusted, depth by depth: at depth d, the rounds whose
     tree was found to get past depth d (``reached``) over the sum of the tree's own probability of getting there
     (``expected``, the sum of its depth-d nodes' probabilities), both with exponential forgetting (``decay`` per
-    observation) and a prior of ``prior_weight`` expected tokens at ratio 1 (the counts believed until measured).
-    A depth the round's decided tokens did not reach is left out (censored): nothing is known there."""
+    observation) and a prior of ``prior_weight`` expected tokens at ratio 1 (the counts believed until measured),
+    or, with a ``parent``, at the parent's ratio (a calibration for one match length starts from the one over all
+    of them). A depth the round's decided tokens did not reach is left out (censored): nothing is known there."""
     decay: float = 0.9
     prior_weight: float = 1.0
     reached: list[float] = field(default_factory=list)
     expected: list[float] = field(default_factory=list)
+    parent: "TreeCalibration | None" = None
 
     def ratio(self, depth: int) -> float:
-        """c_d for depth ``depth`` (1-based); a depth never observed takes the deepest ratio known."""
+        """c_d for depth ``depth`` (1-based); a depth never observed takes the deepest ratio known (or the
+        parent's ratio at that depth)."""
+        prior = 1.0 if self.parent is None else self.parent.ratio(depth)
         i = min(depth, len(self.reached)) - 1
         if i < 0:
-            return 1.0
-        return (self.reached[i] + self.prior_weight) / (self.expected[i] + self.prior_weight)
+            return prior
+        if self.parent is not None and depth > len(self.reached):
+            return prior
+        return (self.reached[i] + self.prior_weight * prior) / (self.expected[i] + self.prior_weight)
 
     def expected_tokens(self, by_depth: list[float]) -> float:
         """The accepted tokens a tree is expected to yield: sum_d c_d P_d, P_d = ``by_depth[d - 1]``."""
@@ -264,9 +298,9 @@ class TreeCalibration:
         """The trees' reached depths over their own expectation, all depths together (what Lesson 15 prints)."""
         return (sum(self.reached) + self.prior_weight) / (sum(self.expected) + self.prior_weight)
 
-    def carried(self, weight: float = 2.0) -> "TreeCalibration":
+    def carried(self, weight: float = 2.0, parent: "TreeCalibration | None" = None) -> "TreeCalibration":
         """A prior for the next generation: the same ratios, each depth worth at most ``weight`` expected tokens."""
-        out = TreeCalibration(self.decay, self.prior_weight)
+        out = TreeCalibration(self.decay, self.prior_weight, parent=parent)
         for r, e in zip(self.reached, self.expected):
             scale = min(1.0, weight / e) if e > 0 else 0.0
             out.reached.append(r * scale)
@@ -311,7 +345,8 @@ class Option:
     catch_up_seconds: float | None = None    # chain: the draft's catch-up time per token read (a long backlog)
     arm_tokens: float | None = None          # arm: tokens per round (moving average)
     arm_seconds: float | None = None         # arm: seconds per round (moving average)
-    calibration: TreeCalibration = field(default_factory=TreeCalibration)  # scored: its estimates' reliability
+    calibration: TreeCalibration = field(default_factory=TreeCalibration)  # cheap, scored: its estimates' reliability
+    calibration_by_match: dict = field(default_factory=dict)  # match length -> its own TreeCalibration
     last_round: int = -1                     # the round it was last taken in
     backoff: int = 8                         # rounds before it is re-tried while it loses
     try_loss: float | None = None            # chain: seconds a round of it loses against plain (moving average)
@@ -324,6 +359,16 @@ class Option:
         if match not in self.by_match:
             self.by_match[match] = DepthAcceptance(parent=self.acceptance)
         return self.by_match[match]
+
+    def calibration_for(self, match: int | None) -> TreeCalibration:
+        """A copying or scored option's calibration for proposals made after a match of this length (None: over all
+        of them, the prior of each match length's): on open text a copy or a tree grown from a one-token match is a
+        far weaker bet than its counts say, one grown from a long match nearly as good as they say."""
+        if match is None:
+            return self.calibration
+        if match not in self.calibration_by_match:
+            self.calibration_by_match[match] = TreeCalibration(parent=self.calibration)
+        return self.calibration_by_match[match]
 
 
 @dataclass
@@ -413,6 +458,7 @@ class Memory:
     backoff: dict = field(default_factory=dict)
     try_loss: dict = field(default_factory=dict)
     calibration: dict = field(default_factory=dict)
+    calibration_by_match: dict = field(default_factory=dict)   # (option, match length) -> TreeCalibration
     batch: dict = field(default_factory=dict)        # (threads, batch size) -> BatchChoice
 
     def round_times(self, smoothing: float, batch: int = 1) -> RoundTimes:
@@ -425,7 +471,7 @@ class Memory:
 
     def clear(self) -> None:
         for d in (self.times, self.seconds_per_token, self.catch_up_seconds, self.arm_seconds, self.arm_tokens,
-                  self.acceptance, self.backoff, self.try_loss, self.calibration,
+                  self.acceptance, self.backoff, self.try_loss, self.calibration, self.calibration_by_match,
                   self.batch):
             d.clear()
 
@@ -520,6 +566,8 @@ class Auto(Proposer):
             o.last_round, o.backoff = -1, m.backoff.get(o.name, 8)   # the wait it had left
             o.try_loss = m.try_loss.get(o.name)
             o.calibration = m.calibration[o.name].carried() if o.name in m.calibration else TreeCalibration()
+            o.calibration_by_match = {match: c.carried(parent=o.calibration) for (name, match), c in
+                                      m.calibration_by_match.items() if name == o.name}
 
     def start(self, session) -> None:
         """A new generation: every option started, the measurements taken from :attr:`memory` (:meth:`reset`)."""
@@ -542,6 +590,8 @@ class Auto(Proposer):
             if o.try_loss is not None:
                 self.memory.try_loss[o.name] = o.try_loss
             self.memory.calibration[o.name] = o.calibration
+            for match, c in o.calibration_by_match.items():
+                self.memory.calibration_by_match[o.name, match] = c
             o.proposer.finish(progress)
 
     def fork(self) -> "Auto":
@@ -720,7 +770,8 @@ class Auto(Proposer):
                 if not prop.is_chain:
                     raise ValueError(f"auto: the cheap option {o.name!r} must propose a chain")
                 (raw_rate, _), (rate, k), reach = self._copy_lengths(
-                    o.acceptance_for(_match(o)), len(prop.candidates), o.calibration if self.calibrate_copies else None)
+                    o.acceptance_for(_match(o)), len(prop.candidates),
+                    o.calibration_for(_match(o)) if self.calibrate_copies else None)
                 # a round its own counts would send is one the counts look best in: its calibration is measured
                 # on those rounds, sent or not (see _observe_copy), and scales the counts' promise
                 judged = self.calibrate_copies and raw_rate > 1.0 / t_plain
@@ -734,10 +785,11 @@ class Auto(Proposer):
                 width = len(prop.tokens) + len(prop.extra_tokens)
                 by_depth = depth_probabilities(prop, o.proposer.last_probs)
                 t_width = self.times(width)
-                rate = (1 + o.calibration.expected_tokens(by_depth)) / t_width
+                calibration = o.calibration_for(_match(o))
+                rate = (1 + calibration.expected_tokens(by_depth)) / t_width
                 # calibrated on the rounds its own counts would send (all rounds without calibrate_copies)
                 judged = not self.calibrate_copies or (1 + sum(by_depth)) / t_width > 1.0 / t_plain
-                cheap_proposals[o.name] = (prop, by_depth if judged else None)
+                cheap_proposals[o.name] = (prop, by_depth if judged else None, calibration)
                 if rate > best_rate:
                     best_rate, best = rate, (o, None)
             elif o.kind == "chain":
@@ -849,16 +901,22 @@ class Auto(Proposer):
         if reach is not None:   # its counts would have sent k = len(reach) tokens: how far would they have got?
             k = len(reach)
             reached = min(j, k)
-            o.calibration.observe(reach, reached, reached if reached == len(decided) < k else k)
+            known = reached if reached == len(decided) < k else k
+            o.calibration.observe(reach, reached, known)   # over all match lengths
+            if match is not None:
+                o.calibration_for(match).observe(reach, reached, known)
 
     @staticmethod
-    def _observe_tree(o: Option, proposal: Proposal, by_depth: list[float], decided: list[int]) -> None:
+    def _observe_tree(o: Option, proposal: Proposal, by_depth: list[float], calibration: TreeCalibration,
+                      decided: list[int]) -> None:
         """Count a scored option's tree of this round, sent or not, against the tokens the round decided (see
         :meth:`_observe_copy` for why that is its acceptance): the depth they walk down it is reached; below that
         one depth is known missed, unless the decided tokens ran out first (then deeper depths are censored)."""
         reached = reached_depth(proposal, decided)
         known = reached if reached == len(decided) else len(by_depth)
-        o.calibration.observe(by_depth, reached, known)
+        o.calibration.observe(by_depth, reached, known)   # over all match lengths
+        if calibration is not o.calibration:
+            calibration.observe(by_depth, reached, known)
 
     def _close_round(self, now: float) -> None:
         """Book the time of the round that just ended (from its start to now)."""

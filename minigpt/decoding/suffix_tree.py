@@ -97,19 +97,50 @@ class SuffixTree:
 
     def append(self, token: int) -> None:
         """The open text grows by ``token``: each of its suffixes that ends here (at most ``max_depth`` long)
-        occurred once more. O(max_depth)."""
+        occurred once more. O(max_depth).
+
+        The suffixes are taken shortest first, and once one of them was never followed by ``token`` before, no
+        longer one was either (it would end with the shorter one): from there on every child is a new node, made
+        without looking it up. On text that does not repeat itself that is nearly every suffix, and the common
+        case is kept short (:meth:`_new` inlined)."""
         token = int(token)
         if not 0 <= token < STRIDE:
             raise ValueError(f"token ids must lie in [0, {STRIDE}), got {token}")
         edge, count, total, frequent = self.edge, self.count, self.total, self.frequent
+        ends = [ROOT] + self._ends  # the empty suffix, then the ones of length 1, 2, ...
         grown = []
-        for node in [ROOT] + self._ends:  # the empty suffix, then the ones of length 1, 2, ...
+        for node in ends:   # the suffixes that were followed by ``token`` before
             child = edge.get(node * STRIDE + token)
             if child is None:
-                child = self._new(node, token)
+                break
             count[child] += 1
             total[node] += 1
             if node in frequent:  # a wide node: keep its frequent children at hand
+                if count[child] * SHARE >= total[node] and child not in frequent[node]:
+                    frequent[node].append(child)
+                self.peak[node] = max(self.peak[node], total[node])
+            grown.append(child)
+        first, sibling, n_children, token_of = self.first, self.sibling, self.n_children, self.token
+        for node in ends[len(grown):]:   # the rest: a new child each
+            if self.free:
+                child = self._new(node, token)
+            else:   # _new, inlined
+                child = len(count)
+                count.append(0)
+                total.append(0)
+                first.append(-1)
+                sibling.append(first[node])
+                token_of.append(token)
+                n_children.append(0)
+                first[node] = child
+                edge[node * STRIDE + token] = child
+                n_children[node] += 1
+                self.n_nodes += 1
+                if n_children[node] > WIDE and node not in frequent:
+                    self._rebuild_frequent(node)
+            count[child] = 1
+            total[node] += 1
+            if node in frequent:
                 if count[child] * SHARE >= total[node] and child not in frequent[node]:
                     frequent[node].append(child)
                 self.peak[node] = max(self.peak[node], total[node])
