@@ -97,8 +97,7 @@ class RoundTimes:
     weighted by the rounds behind its average): a width timed in few rounds, in a slow moment or a fast one, is
     pooled with its neighbours rather than believed over widths timed in many rounds. (Capping each width by every
     wider one's time, as this table did before, let one lucky round at a rarely used width pull every narrower
-    width down to it: on SmolLM2 at 4 bits, a width-4 round once timed below width 3 made copies of 2-3 tokens look
-    as cheap as a plain step.)
+    width down to it: on SmolLM2 at 4 bits, width 4 timed at 10.7 ms made width 3, measured at 11.6 ms, read 10.7.)
 
     The controller reads many widths a round and the table changes after every round, so :meth:`table` builds
     all the estimates at once in one pass over the widths, rather than each width's from scratch."""
