@@ -553,6 +553,7 @@ class Auto(Proposer):
         self._chosen = None      # (chain option, round start) while its drafting is pending
         self._batch_round = None  # the batch round in flight: (mode, start, sequences, BatchChoice or None)
         self._batch = 1           # how many sequences this one's rounds are decoded with (set by propose_batch)
+        self._catch_ups = [o.proposer.catch_up for o in self.options if hasattr(o.proposer, "catch_up")]
         for o in self.options:
             m = self.memory
             o.acceptance = m.acceptance[o.name, None].carried() if (o.name, None) in m.acceptance else DepthAcceptance()
@@ -619,6 +620,12 @@ class Auto(Proposer):
             probe_only = choice.probing and mode != PLAIN
         self._batch_round = (mode, now, list(seqs), choice)
         times = self.memory.round_times(self.smoothing, batch=B)   # a batch of B sequences has its own table
+        if mode == PLAIN:   # every sequence steps plainly: only the bookkeeping every round needs
+            for s in seqs:
+                c = s.proposer
+                c.times, c.plain_only, c.probe_only, c._batch = times, True, False, B
+                c._begin_round(s, now)
+            return [s.proposer._start(None, Proposal([s.seq[-1]], [-1]), now) for s in seqs]
         for s in seqs:
             s.proposer.times = times
             s.proposer.plain_only = mode == PLAIN
@@ -739,19 +746,22 @@ class Auto(Proposer):
         proposal = self._decide(session, room)
         return self._draft_chains([self], [session], [room], 1)[0] if proposal is None else proposal
 
-    def _decide(self, session: Session, room: int) -> Proposal | None:
-        """This round's choice, as the proposal to send; None when it is the draft chain (its gamma set on it),
-        which :meth:`_draft_chains` drafts, for all the sequences of a batch that chose it at once."""
-        now = self.clock()
+    def _begin_round(self, session, now: float) -> None:
+        """What every round does first, whatever it sends: book the last round's time, count this one, and let the
+        options that read every round's hidden states (EAGLE's head) note them, so they keep up when not chosen."""
         self._close_round(now)
         self._stats = session.stats
         self.round += 1
         self._copies = {}
+        for catch_up in self._catch_ups:
+            catch_up(session)
+
+    def _decide(self, session: Session, room: int) -> Proposal | None:
+        """This round's choice, as the proposal to send; None when it is the draft chain (its gamma set on it),
+        which :meth:`_draft_chains` drafts, for all the sequences of a batch that chose it at once."""
+        now = self.clock()
+        self._begin_round(session, now)
         root = session.seq[-1]
-        for o in self.options:  # proposers that read every round's hidden states keep up even when not chosen
-            catch_up = getattr(o.proposer, "catch_up", None)
-            if catch_up is not None:
-                catch_up(session)
         # a plain round: the batch's choice (read first, so that a batch stepping plainly builds no time table),
         # no room left, or the first round, which measures t(1)
         t_plain = None if room < 1 or self.plain_only else self.times(1)
