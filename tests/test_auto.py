@@ -622,10 +622,10 @@ def test_suffix_trees_are_counted_every_round_as_deep_as_a_sent_round_accepts():
     rounds = []   # (sent, depth the decided tokens walk down the tree, tokens decided)
     observe = auto._observe_tree
 
-    def spy(o, proposal, by_depth, calibration, decided):
+    def spy(o, proposal, by_depth, match, decided):
         depth = reached_depth(proposal, decided)
         rounds.append((auto._pending[0] is o, depth, len(decided)))
-        observe(o, proposal, by_depth, calibration, decided)
+        observe(o, proposal, by_depth, match, decided)
 
     auto._observe_tree = spy
     for prompt in (text * 2 + [3], text + [7] + text[:4], [1, 2, 3, 4] * 6):

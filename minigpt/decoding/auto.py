@@ -359,6 +359,13 @@ class Option:
             self.by_match[match] = DepthAcceptance(parent=self.acceptance)
         return self.by_match[match]
 
+    def observe_calibration(self, match: int | None, by_depth: list[float], reached: int, known: int) -> None:
+        """Count one proposal in the calibration over all match lengths and, if it says one, in its match
+        length's (:meth:`TreeCalibration.observe`), as its acceptance is counted in both."""
+        self.calibration.observe(by_depth, reached, known)
+        if match is not None:
+            self.calibration_for(match).observe(by_depth, reached, known)
+
     def calibration_for(self, match: int | None) -> TreeCalibration:
         """A copying or scored option's calibration for proposals made after a match of this length (None: over all
         of them, the prior of each match length's): on open text a copy or a tree grown from a one-token match is a
@@ -548,7 +555,6 @@ class Auto(Proposer):
         self._pending = None  # (option or None, width, t_start, t_drafted, round-time table) of the round in flight
         self._copies = {}     # this round's copying proposals: name -> (proposal, match length)
         self._tokens = 1
-        self.plain_only = False  # set by the batch's choice (propose_batch): every sequence steps plainly
         self.probe_only = False  # set by the batch's choice: a re-try of speculation, with no model drafter
         self._chosen = None      # (chain option, round start) while its drafting is pending
         self._batch_round = None  # the batch round in flight: (mode, start, sequences, BatchChoice or None)
@@ -620,16 +626,13 @@ class Auto(Proposer):
             probe_only = choice.probing and mode != PLAIN
         self._batch_round = (mode, now, list(seqs), choice)
         times = self.memory.round_times(self.smoothing, batch=B)   # a batch of B sequences has its own table
+        for s in seqs:
+            s.proposer.times, s.proposer.probe_only, s.proposer._batch = times, probe_only, B
         if mode == PLAIN:   # every sequence steps plainly: only the bookkeeping every round needs
             for s in seqs:
-                c = s.proposer
-                c.times, c.plain_only, c.probe_only, c._batch = times, True, False, B
-                c._begin_round(s, now)
+                s.proposer._begin_round(s, now)
             return [s.proposer._start(None, Proposal([s.seq[-1]], [-1]), now) for s in seqs]
         for s in seqs:
-            s.proposer.times = times
-            s.proposer.plain_only = mode == PLAIN
-            s.proposer.probe_only = probe_only
             for o in s.proposer.options:   # drafting for B sequences at once costs its own time per position
                 if o.kind == "chain":   # until timed at this size, one sequence's times are the prior
                     o.seconds_per_token = self.memory.seconds_per_token.get(
@@ -638,7 +641,6 @@ class Auto(Proposer):
                         _drafting_key(o.name, B), self.memory.catch_up_seconds.get(o.name))
                 elif o.kind == "arm":
                     o.arm_seconds = self.memory.arm_seconds.get(_drafting_key(o.name, B))
-            s.proposer._batch = B
         decided = [s.proposer._decide(s, r) for s, r in zip(seqs, rooms)]
         drafting = [i for i, d in enumerate(decided) if d is None]   # those that chose the chain
         if drafting:
@@ -762,9 +764,8 @@ class Auto(Proposer):
         now = self.clock()
         self._begin_round(session, now)
         root = session.seq[-1]
-        # a plain round: the batch's choice (read first, so that a batch stepping plainly builds no time table),
-        # no room left, or the first round, which measures t(1)
-        t_plain = None if room < 1 or self.plain_only else self.times(1)
+        # a plain round: no room left, or the first round, which measures t(1)
+        t_plain = None if room < 1 else self.times(1)
         if t_plain is None:
             return self._start(None, Proposal([root], [-1]), now)
         best_rate, best = 1.0 / t_plain, None
@@ -794,11 +795,10 @@ class Auto(Proposer):
                 width = len(prop.tokens) + len(prop.extra_tokens)
                 by_depth = depth_probabilities(prop, o.proposer.last_probs)
                 t_width = self.times(width)
-                calibration = o.calibration_for(_match(o))
-                rate = (1 + calibration.expected_tokens(by_depth)) / t_width
+                rate = (1 + o.calibration_for(_match(o)).expected_tokens(by_depth)) / t_width
                 # calibrated on the rounds its own counts would send (all rounds without calibrate_copies)
                 judged = not self.calibrate_copies or (1 + sum(by_depth)) / t_width > 1.0 / t_plain
-                cheap_proposals[o.name] = (prop, by_depth if judged else None, calibration)
+                cheap_proposals[o.name] = (prop, by_depth if judged else None, _match(o))
                 if rate > best_rate:
                     best_rate, best = rate, (o, None)
             elif o.kind == "chain":
@@ -910,22 +910,16 @@ class Auto(Proposer):
         if reach is not None:   # its counts would have sent k = len(reach) tokens: how far would they have got?
             k = len(reach)
             reached = min(j, k)
-            known = reached if reached == len(decided) < k else k
-            o.calibration.observe(reach, reached, known)   # over all match lengths
-            if match is not None:
-                o.calibration_for(match).observe(reach, reached, known)
+            o.observe_calibration(match, reach, reached, reached if reached == len(decided) < k else k)
 
     @staticmethod
-    def _observe_tree(o: Option, proposal: Proposal, by_depth: list[float], calibration: TreeCalibration,
+    def _observe_tree(o: Option, proposal: Proposal, by_depth: list[float], match: int | None,
                       decided: list[int]) -> None:
         """Count a scored option's tree of this round, sent or not, against the tokens the round decided (see
         :meth:`_observe_copy` for why that is its acceptance): the depth they walk down it is reached; below that
         one depth is known missed, unless the decided tokens ran out first (then deeper depths are censored)."""
         reached = reached_depth(proposal, decided)
-        known = reached if reached == len(decided) else len(by_depth)
-        o.calibration.observe(by_depth, reached, known)   # over all match lengths
-        if calibration is not o.calibration:
-            calibration.observe(by_depth, reached, known)
+        o.observe_calibration(match, by_depth, reached, reached if reached == len(decided) else len(by_depth))
 
     def _close_round(self, now: float) -> None:
         """Book the time of the round that just ended (from its start to now)."""

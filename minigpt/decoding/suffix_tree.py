@@ -101,8 +101,7 @@ class SuffixTree:
 
         The suffixes are taken shortest first, and once one of them was never followed by ``token`` before, no
         longer one was either (it would end with the shorter one): from there on every child is a new node, made
-        without looking it up. On text that does not repeat itself that is nearly every suffix, and the common
-        case is kept short (:meth:`_new` inlined)."""
+        without looking it up. On text that does not repeat itself that is nearly every suffix."""
         token = int(token)
         if not 0 <= token < STRIDE:
             raise ValueError(f"token ids must lie in [0, {STRIDE}), got {token}")
@@ -115,38 +114,24 @@ class SuffixTree:
                 break
             count[child] += 1
             total[node] += 1
-            if node in frequent:  # a wide node: keep its frequent children at hand
-                if count[child] * SHARE >= total[node] and child not in frequent[node]:
-                    frequent[node].append(child)
-                self.peak[node] = max(self.peak[node], total[node])
+            if node in frequent:
+                self._grew_wide(node, child)
             grown.append(child)
-        first, sibling, n_children, token_of = self.first, self.sibling, self.n_children, self.token
         for node in ends[len(grown):]:   # the rest: a new child each
-            if self.free:
-                child = self._new(node, token)
-            else:   # _new, inlined
-                child = len(count)
-                count.append(0)
-                total.append(0)
-                first.append(-1)
-                sibling.append(first[node])
-                token_of.append(token)
-                n_children.append(0)
-                first[node] = child
-                edge[node * STRIDE + token] = child
-                n_children[node] += 1
-                self.n_nodes += 1
-                if n_children[node] > WIDE and node not in frequent:
-                    self._rebuild_frequent(node)
+            child = self._new(node, token)
             count[child] = 1
             total[node] += 1
             if node in frequent:
-                if count[child] * SHARE >= total[node] and child not in frequent[node]:
-                    frequent[node].append(child)
-                self.peak[node] = max(self.peak[node], total[node])
+                self._grew_wide(node, child)
             grown.append(child)
         count[ROOT] += 1
         self._ends = grown[:self.max_depth - 1]  # a suffix max_depth long can grow no further
+
+    def _grew_wide(self, node: int, child: int) -> None:
+        """A wide node's ``child`` occurred once more: keep it at hand if it now holds 1/SHARE of the continuations."""
+        if self.count[child] * SHARE >= self.total[node] and child not in self.frequent[node]:
+            self.frequent[node].append(child)
+        self.peak[node] = max(self.peak[node], self.total[node])
 
     def close(self) -> None:
         """End the open text: the next :meth:`append` starts a new one."""
