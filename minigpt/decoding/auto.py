@@ -53,15 +53,15 @@ it is the chance it would have been accepted): its acceptance stays current thro
 is counted the same way: the decided tokens walk down it as far as it has their nodes, which is how deep the
 round would have accepted it (the greedy rule accepts the deepest path that agrees; the exact sampled rule
 accepts a child exactly when the target's token is that child). Other options
-that lose are re-tried now and then, so a change in the text is found; beside the decision itself (its
-bookkeeping took about 2% of a SmolLM2 step at 4 bits on this course's CPU), those probes are the controller's
-cost when plain decoding is best, so they are spaced by what they cost: a draft chain or an arm is re-tried once
-the rounds since its last try make what a try loses (its measured seconds per round, the draft's catch-up
-included, against the plain steps that would make its tokens) its share of ``PROBE_BUDGET`` (1% of the time,
-split evenly between the options that are re-tried: 0.5% each for a chain and EAGLE; :func:`probe_wait`), and the
-wait left goes on into the next generation. Re-tried after 8, 16, 32, ... rounds and again early in every request
-instead, SmolLM2's EAGLE head (whose first round in a request reads the whole prompt, and whose trees lose about
-a plain step on open chat) made the controller 7% slower on the development chat requests at 4 bits than the
+that lose are re-tried now and then, so a change in the text is found; beside the decision itself (its bookkeeping
+made a plain round about 3% slower than plain decoding's, SmolLM2 at 4 bits on this course's CPU), those probes are
+the controller's cost when plain decoding is best, so they are spaced by what they cost: a draft chain or an arm is
+re-tried once the rounds since its last try make what a try loses (its measured seconds per round, the draft's
+catch-up included, against the plain steps that would make its tokens) its share of ``PROBE_BUDGET`` (1% of the
+time, split evenly between the options that are re-tried: 0.5% each for a chain and EAGLE; :func:`probe_wait`), and
+the wait left goes on into the next generation. Re-tried after 8, 16, 32, ... rounds and again early in every
+request instead, SmolLM2's EAGLE head (whose first round in a request reads the whole prompt, and whose trees lose
+about a plain step on open chat) made the controller 7% slower on the development chat requests at 4 bits than the
 same controller without it.
 ``Auto.choices`` records every round (option, tokens proposed, tokens kept) and :meth:`Auto.summary` how often
 each option was taken and its tokens per target pass.
